@@ -137,6 +137,11 @@ def audit(
         output = model(*inputs)
         if backward:
             loss = loss_fn(output)
+            if not (isinstance(loss, torch.Tensor) and loss.requires_grad):
+                raise ValueError(
+                    "backward=True, but the loss requires grad on nothing: give the model trainable "
+                    "parameters or inputs that require grad, or pass backward=False"
+                )
             loss.backward()
             if optimizer is not None:
                 optimizer.step()

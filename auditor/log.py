@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import io
 import os
-from collections.abc import Iterable
 
 import numpy as np
 import pandas as pd
 
 from .formats import LABELS, format_label, nbytes
-from .recorder import GLOBAL_MODULE, PHASES, ROLES, ROOT_MODULE, RawLog
+from .recorder import PHASES, ROLES, RawLog, module_names
 
 #: column -> dtype of ``Audit.events``. "category" columns list their categories below when
 #: the vocabulary is fixed; free categoricals take their sorted distinct values.
@@ -71,31 +70,6 @@ def _categorical(values, name: str) -> pd.Categorical:
     return pd.Categorical(values, categories=list(cats))
 
 
-def _module_names(tracker_names: Iterable[str], types: dict[str, str]):
-    """ModuleTracker names ("ResNet.layer1.0") -> (fqn, type) as ``named_modules`` gives them.
-
-    The first top-level module seen is the root: its prefix is dropped and its own ops are
-    ``<root>``. Any other top-level module (a loss module, say) keeps its class name as prefix.
-    """
-    root = None
-    mapping = {}
-    for name in tracker_names:
-        if name in mapping:
-            continue
-        if name == "Global":
-            mapping[name] = (GLOBAL_MODULE, "")
-            continue
-        head, _, rest = name.partition(".")
-        if root is None:
-            root = head
-        if head == root:
-            fqn = rest or ROOT_MODULE
-        else:
-            fqn = name
-        mapping[name] = (fqn, types.get(name, head if not rest else ""))
-    return mapping
-
-
 def build_frames(raw: RawLog) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Raw tuples -> (events, tensors), the only place DataFrames are made from a recording."""
     n = len(raw.events)
@@ -103,7 +77,7 @@ def build_frames(raw: RawLog) -> tuple[pd.DataFrame, pd.DataFrame]:
         zip(*raw.events) if n else ((),) * 6
     )
     op_names = {f: str(f) for f in set(funcs)}
-    mod_map = _module_names(dict.fromkeys(modules), raw.module_types)
+    mod_map = module_names(dict.fromkeys(modules), raw.module_types)
 
     rows = raw.tensors
     seq = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))

@@ -11,6 +11,7 @@ import os
 import sys
 import time
 import weakref
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -104,44 +105,50 @@ class _TensorIds:
 
 
 class _Tracker(ModuleTracker):
-    """torch's ModuleTracker, plus the innermost module's name kept current at each hook.
+    """torch's ModuleTracker, plus the innermost module kept current at each of its hooks.
 
-    ``parents`` is a set, so asking it for the innermost module on every op would cost a scan;
-    refreshing ``current`` when the set changes moves that cost to once per module call.
+    ``parents`` is an unordered set, and in backward it can hold modules whose gradients are
+    still pending on another branch (a ResNet downsample, say). The most recently entered module
+    that is still open is the one running, so a stack of entries beside the set gives
+    ``current`` at no cost per op. Modules entered by one event (a parent and the child that
+    produced the parent's output) are ordered parent below child.
     """
 
     def __init__(self):
         super().__init__()
         self.current = "Global"
         self.types: dict[str, str] = {}
-        self._depth: dict[str, int] = {"Global": -1}
-
-    def _refresh(self) -> None:
-        depth = self._depth
-        best, best_depth = "Global", -1
-        for name in self.parents:
-            d = depth.get(name)
-            if d is None:
-                d = depth[name] = name.count(".")
-            if d > best_depth or (d == best_depth and name > best):
-                best, best_depth = name, d
-        self.current = best
+        self._stack: list[str] = []
 
     def _get_append_fn(self, name, is_bw):
         fn = super()._get_append_fn(name, is_bw)
+        stack = self._stack
+
+        prefix = name + "."
 
         def append(*args):
             fn(*args)
-            self._refresh()
+            # an enclosing module whose hook fires after its child's (they share an output
+            # tensor) goes below the child: the child is the one running
+            i = len(stack)
+            while i and stack[i - 1].startswith(prefix):
+                i -= 1
+            stack.insert(i, name)
+            self.current = stack[-1]
 
         return append
 
     def _get_pop_fn(self, name, is_bw):
         fn = super()._get_pop_fn(name, is_bw)
+        stack = self._stack
 
         def pop(*args):
             fn(*args)
-            self._refresh()
+            for i in range(len(stack) - 1, -1, -1):
+                if stack[i] == name:
+                    del stack[i]
+                    break
+            self.current = stack[-1] if stack else "Global"
 
         return pop
 
@@ -151,6 +158,7 @@ class _Tracker(ModuleTracker):
 
         def callback():
             self.parents = {"Global"}
+            self._stack.clear()
             self.current = "Global"
             self._has_callback = False
 
@@ -162,6 +170,31 @@ class _Tracker(ModuleTracker):
         name = self._known_modules.get(mod)
         if name is not None and name not in self.types:
             self.types[name] = type(mod).__name__
+
+
+def module_names(tracker_names: Iterable[str], types: dict[str, str]):
+    """ModuleTracker names ("ResNet.layer1.0") -> (fqn, type) as ``named_modules`` gives them.
+
+    The first top-level module seen is the root: its prefix is dropped and its own ops are
+    ``<root>``. Any other top-level module (a loss module, say) keeps its class name as prefix.
+    """
+    root = None
+    mapping = {}
+    for name in tracker_names:
+        if name in mapping:
+            continue
+        if name == "Global":
+            mapping[name] = (GLOBAL_MODULE, "")
+            continue
+        head, _, rest = name.partition(".")
+        if root is None:
+            root = head
+        if head == root:
+            fqn = rest or ROOT_MODULE
+        else:
+            fqn = name
+        mapping[name] = (fqn, types.get(name, head if not rest else ""))
+    return mapping
 
 
 def _is_internal(filename: str) -> bool:
@@ -298,6 +331,8 @@ class _RecorderMode(TorchDispatchMode):
         verdict = rules.classify(info.name, sigs)
         if verdict.kind == rules.LOSES:
             func, phase, module = self.events[seq][:3]
+            names = module_names(dict.fromkeys(e[2] for e in self.events), self.tracker.types)
+            module = names[module][0]
             inputs = "; ".join(
                 f"{r[4]}"
                 f"{'' if r[3] < 0 else f'[{r[3]}]'}: shape {tuple(r[6])} strides {tuple(r[7])}"

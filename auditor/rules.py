@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from .formats import (
-    AMBIGUOUS,
     CHANNELS_LAST,
     CHANNELS_LAST_3D,
     CONTIGUOUS,

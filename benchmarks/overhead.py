@@ -1,0 +1,204 @@
+"""What recording costs: one resnet50 training step under each recorder, interleaved.
+
+    .venv/bin/python benchmarks/overhead.py [--runs 11] [--threads N]
+
+The step is torchvision's resnet50 (random weights) on one 1x3x64x64 input, model and input in
+channels_last: forward, then ``out.sum().backward()``. Grads are set to None between runs,
+outside the timed region. Variants:
+
+* ``plain``: no recorder;
+* ``bare mode``: a ``TorchDispatchMode`` whose ``__torch_dispatch__`` only calls the op, the
+  floor for any tool built on a Python dispatch mode;
+* ``FormatAuditor``: this library;
+* ``profiler+shapes``: ``torch.profiler.profile(record_shapes=True)``, CPU activity;
+* ``DebugMode``: ``torch.utils._debug_mode.DebugMode()`` with its defaults.
+
+Every round runs every variant once, in an order rotated each round, so machine noise hits
+all variants alike; a variant's time is the median over the rounds, after warm-up rounds.
+Two times are kept per run: ``step`` (inside the ``with`` block: what the recorded code
+feels) and ``total`` (including the context manager's exit, where FormatAuditor builds its
+DataFrames and the profiler parses its events).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torchvision
+from torch.utils._python_dispatch import TorchDispatchMode
+
+try:
+    import auditor
+except ImportError:  # run from a checkout without the editable install
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    import auditor
+
+from torch.utils._debug_mode import DebugMode
+
+MAX_RATIO_TO_BARE = 1.10
+MAX_BYTES_PER_EVENT = 200
+WARMUP_ROUNDS = 2
+
+
+class BareMode(TorchDispatchMode):
+    """The cheapest possible Python mode: it sees every op and does nothing with it."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+class CountMode(TorchDispatchMode):
+    """Counts the aten ops of a step (the events a recorder sees)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def profiler_with_shapes():
+    return torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True
+    )
+
+
+VARIANTS = {
+    "plain": contextlib.nullcontext,
+    "bare mode": BareMode,
+    "FormatAuditor": auditor.FormatAuditor,
+    "profiler+shapes": profiler_with_shapes,
+    "DebugMode": DebugMode,
+}
+
+
+def make_step():
+    torch.manual_seed(0)
+    model = torchvision.models.resnet50(weights=None).to(memory_format=torch.channels_last)
+    x = torch.randn(1, 3, 64, 64).to(memory_format=torch.channels_last)
+
+    def step():
+        out = model(x)
+        out.sum().backward()
+
+    def reset():
+        model.zero_grad(set_to_none=True)
+
+    return step, reset
+
+
+def timed(step, reset, factory) -> tuple[float, float, object]:
+    """One run under ``factory()``: (step ms, total ms, the context object)."""
+    reset()
+    gc.collect()
+    ctx = factory()
+    t0 = time.perf_counter()
+    with ctx:
+        step()
+        t1 = time.perf_counter()
+    t2 = time.perf_counter()
+    return (t1 - t0) * 1e3, (t2 - t0) * 1e3, ctx
+
+
+def bytes_per_event(fa) -> float:
+    a = fa.audit
+    size = a.events.memory_usage(deep=True).sum() + a.tensors.memory_usage(deep=True).sum()
+    return float(size) / max(1, len(a.events))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=11, help="timed rounds (at least 7)")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    args = parser.parse_args(argv)
+    if args.runs < 7:
+        parser.error("--runs must be at least 7")
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+
+    step, reset = make_step()
+    names = list(VARIANTS)
+    times: dict[str, tuple[list[float], list[float]]] = {n: ([], []) for n in names}
+    last: dict[str, object] = {}
+    start = time.perf_counter()
+    for r in range(WARMUP_ROUNDS + args.runs):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            step_ms, total_ms, ctx = timed(step, reset, VARIANTS[name])
+            if r >= WARMUP_ROUNDS:
+                times[name][0].append(step_ms)
+                times[name][1].append(total_ms)
+            last[name] = ctx
+    elapsed = time.perf_counter() - start
+
+    reset()
+    with CountMode() as counter:
+        step()
+    n_ops = counter.count
+    fa = last["FormatAuditor"]
+    n_events = len(fa.audit.events)
+    bpe = bytes_per_event(fa)
+
+    med = {n: (statistics.median(s), statistics.median(t)) for n, (s, t) in times.items()}
+    plain, bare = med["plain"][0], med["bare mode"][0]
+
+    print(
+        f"resnet50, 1x3x64x64 channels_last, forward + backward; torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads; median of {args.runs} interleaved runs "
+        f"after {WARMUP_ROUNDS} warm-up rounds ({elapsed:.0f} s)"
+    )
+    print(f"aten ops per step: {n_ops} (FormatAuditor recorded {n_events} events)")
+    print()
+    print(
+        "| variant | step ms | total ms | step / plain | step / bare | total / bare "
+        "| µs/event (step) | µs/event (total) | bytes/event |"
+    )
+    print("|---|--:|--:|--:|--:|--:|--:|--:|--:|")
+    for name in names:
+        s, t = med[name]
+        b = f"{bpe:.0f}" if name == "FormatAuditor" else ""
+        print(
+            f"| {name} | {s:.1f} | {t:.1f} | {s / plain:.2f} | {s / bare:.2f} | {t / bare:.2f} "
+            f"| {(s - plain) * 1e3 / n_ops:.1f} | {(t - plain) * 1e3 / n_ops:.1f} | {b} |"
+        )
+    print()
+    print("step = inside the `with` block; total = including its exit (FormatAuditor's")
+    print("DataFrames, the profiler's event parsing). µs/event = (time - plain step) / aten ops.")
+    print()
+
+    fa_step, fa_total = med["FormatAuditor"]
+    prof_step, prof_total = med["profiler+shapes"]
+    checks = [
+        (
+            f"FormatAuditor step <= {MAX_RATIO_TO_BARE:.2f}x bare mode",
+            fa_step <= MAX_RATIO_TO_BARE * bare,
+            f"{fa_step / bare:.2f}x (total incl. DataFrames: {fa_total / bare:.2f}x)",
+        ),
+        (
+            "FormatAuditor total <= profiler+shapes total",
+            fa_total <= prof_total,
+            f"{fa_total:.1f} ms vs {prof_total:.1f} ms (step: {fa_step:.1f} vs {prof_step:.1f})",
+        ),
+        (
+            f"DataFrame memory <= {MAX_BYTES_PER_EVENT} bytes/event",
+            bpe <= MAX_BYTES_PER_EVENT,
+            f"{bpe:.0f} bytes/event",
+        ),
+    ]
+    print("Targets:")
+    for label, ok, detail in checks:
+        print(f"  {'PASS' if ok else 'FAIL'}  {label}: {detail}")
+    return 0 if all(ok for _, ok, _ in checks) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
