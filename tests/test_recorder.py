@@ -344,7 +344,7 @@ def test_where_any_python_mode_changes_the_last_bits_the_auditor_adds_nothing():
     assert _bitwise_equal(bare, audited)
     # rounding of large sums that cancel: small against the largest gradient, not elementwise
     scale = max(float(u.abs().max()) for u in plain)
-    assert max(float((u - v).abs().max()) for u, v in zip(plain, audited)) < 1e-6 * scale
+    assert max(float((u - v).abs().max()) for u, v in zip(plain, audited)) < 1e-5 * scale
 
 
 def test_exception_leaves_nothing_behind():
