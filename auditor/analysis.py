@@ -259,16 +259,14 @@ def hotspots(ops: pd.DataFrame) -> pd.DataFrame:
     }
     if timed:
         agg["time_us"] = ("duration_us", "sum")
+    cols = HOTSPOT_COLUMNS + (["time_us"] if timed else [])
     if hot.empty:
-        cols = HOTSPOT_COLUMNS + (["time_us"] if timed else [])
-        empty = pd.DataFrame({c: pd.Series(dtype=ops[c].dtype if c in ops else "int64") for c in cols})
-        empty["share"] = empty["share"].astype("float64")
-        return empty
+        numeric = {"count": "int64", "bytes": "int64", "share": "float64", "first_seq": "int64", "time_us": "float64"}
+        return pd.DataFrame({c: pd.Series(dtype=numeric.get(c, "object")) for c in cols})
     g = hot.groupby(HOTSPOT_KEYS, observed=True, sort=False).agg(**agg).reset_index()
     total = g["bytes"].sum()
     g["share"] = g["bytes"] / total if total else 0.0
     g = g.sort_values(["bytes", "first_seq"], ascending=[False, True], ignore_index=True)
-    cols = HOTSPOT_COLUMNS + (["time_us"] if timed else [])
     for c in ("phase", "module", "module_type", "op", "kind", "from_format", "to_format", "source"):
         g[c] = g[c].astype(str)
     return g[cols]

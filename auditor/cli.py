@@ -1,0 +1,251 @@
+"""``format-audit`` / ``python -m auditor``: audit a model from the shell and write the files.
+
+Argument parsing, model loading and file writing only; the work is done by the library.
+Bad input gets one line on stderr and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import os
+import sys
+import time
+from pathlib import Path
+
+EXIT_USAGE = 2
+
+FORMATS = ("channels_last", "channels_last_3d", "contiguous")
+DTYPES = ("float32", "float64", "float16", "bfloat16")
+
+
+class UsageError(Exception):
+    """Bad input from the command line: reported in one line, exit status 2."""
+
+
+def parse_input(text: str) -> tuple[int, ...]:
+    try:
+        dims = tuple(int(p) for p in text.split(","))
+    except ValueError:
+        raise UsageError(f"--input must be comma-separated positive integers like 1,3,224,224, got {text!r}") from None
+    if not dims or any(d <= 0 for d in dims):
+        raise UsageError(f"--input must be comma-separated positive integers like 1,3,224,224, got {text!r}")
+    return dims
+
+
+def load_model(spec: str):
+    """``torchvision:NAME``, ``path/to/file.py:FACTORY`` or ``package.module:FACTORY`` -> a model.
+
+    Factories are called with no arguments. torchvision models get random weights.
+    """
+    source, sep, name = spec.rpartition(":")
+    if not sep or not source or not name:
+        raise UsageError(f"MODEL must look like torchvision:resnet50, file.py:factory or pkg.mod:factory, got {spec!r}")
+    if source == "torchvision":
+        import torchvision
+
+        try:
+            return torchvision.models.get_model(name, weights=None)
+        except ValueError:
+            raise UsageError(f"unknown torchvision model {name!r}") from None
+        except Exception as exc:  # building the model itself failed
+            raise UsageError(f"torchvision model {name!r} could not be built: {exc}") from None
+    if source.endswith(".py"):
+        path = Path(source)
+        if not path.is_file():
+            raise UsageError(f"no such file: {source}")
+        module_spec = importlib.util.spec_from_file_location(path.stem, path)
+        module = importlib.util.module_from_spec(module_spec)
+        try:
+            module_spec.loader.exec_module(module)
+        except Exception as exc:
+            raise UsageError(f"{source} failed to import: {type(exc).__name__}: {exc}") from None
+    else:
+        try:
+            module = importlib.import_module(source)
+        except Exception as exc:
+            raise UsageError(f"cannot import {source!r}: {type(exc).__name__}: {exc}") from None
+    factory = getattr(module, name, None)
+    if factory is None or not callable(factory):
+        raise UsageError(f"{source} has no factory {name!r}")
+    try:
+        return factory()
+    except Exception as exc:
+        raise UsageError(f"factory {spec} raised {type(exc).__name__}: {exc}") from None
+
+
+def default_input(spec: str, fmt: str) -> tuple[int, ...]:
+    if fmt == "channels_last_3d":
+        return (1, 3, 16, 112, 112)
+    if spec.endswith(":inception_v3"):
+        return (1, 3, 299, 299)
+    return (1, 3, 224, 224)
+
+
+def _prepare_out(out: str | None) -> Path | None:
+    if out is None:
+        return None
+    path = Path(out)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".format-audit-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise UsageError(f"--out {out}: cannot write there ({exc.strerror or exc})") from None
+    return path
+
+
+def _write(path: Path, write) -> None:
+    """Write through a temporary name, so a failure never leaves a complete-looking file."""
+    tmp = path.with_name(path.name + ".partial")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+class Progress:
+    """A one-line progress display on stderr (a bar when auditing several models)."""
+
+    def __init__(self, total: int, stream=sys.stderr):
+        self.total, self.done, self.stream = total, 0, stream
+        self.start = time.perf_counter()
+
+    def step(self, label: str) -> None:
+        width = 20
+        filled = int(width * self.done / max(1, self.total))
+        bar = "#" * filled + "." * (width - filled)
+        elapsed = time.perf_counter() - self.start
+        self.stream.write(f"\r[{bar}] {self.done}/{self.total} {label:<48.48} {elapsed:6.1f}s")
+        self.stream.flush()
+
+    def advance(self, label: str) -> None:
+        self.done += 1
+        self.step(label)
+
+    def close(self) -> None:
+        self.stream.write("\n")
+        self.stream.flush()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="format-audit",
+        description="Audit where a model loses channels_last, what it costs, and where in the code.",
+    )
+    p.add_argument("models", nargs="+", metavar="MODEL",
+                   help="torchvision:NAME, path/to/file.py:FACTORY or package.module:FACTORY")
+    p.add_argument("--input", default=None, help="input shape, e.g. 1,3,224,224 (default by model)")
+    p.add_argument("--format", default="channels_last", help=f"one of {', '.join(FORMATS)}")
+    p.add_argument("--dtype", default="float32", help=f"one of {', '.join(DTYPES)}")
+    p.add_argument("--no-backward", action="store_true", help="audit the forward pass only")
+    p.add_argument("--depth", type=int, default=1, help="module depth of the summary and heatmap")
+    p.add_argument("--out", default=None, help="directory for the CSV, PNG and report files")
+    p.add_argument("--record-source", action="store_true", help="record the source line of each op")
+    p.add_argument("--top", type=int, default=10, help="hotspot groups shown in the report")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    import auditor
+
+    if args.format not in FORMATS:
+        raise UsageError(f"unknown --format {args.format!r}; use one of {', '.join(FORMATS)}")
+    if args.dtype not in DTYPES:
+        raise UsageError(f"unknown --dtype {args.dtype!r}; use one of {', '.join(DTYPES)}")
+    if args.depth < 1:
+        raise UsageError(f"--depth must be at least 1, got {args.depth}")
+    shape = parse_input(args.input) if args.input else None
+    out = _prepare_out(args.out)
+    dtype = getattr(torch, args.dtype)
+    memory_format = {"channels_last": torch.channels_last, "channels_last_3d": torch.channels_last_3d,
+                     "contiguous": torch.contiguous_format}[args.format]
+    several = len(args.models) > 1
+    progress = Progress(len(args.models) * 3)
+    reports = []
+    for spec in args.models:
+        name = spec.rpartition(":")[2]
+        progress.step(f"{name}: building")
+        model = load_model(spec)
+        if not isinstance(model, torch.nn.Module):
+            raise UsageError(f"{spec} returned a {type(model).__name__}, not a torch.nn.Module")
+        dims = shape or default_input(spec, args.format)
+        if memory_format is not torch.contiguous_format and len(dims) != (4 if args.format == "channels_last" else 5):
+            raise UsageError(f"--format {args.format} needs a {4 if args.format == 'channels_last' else 5}-D --input, got {len(dims)}-D")
+        torch.manual_seed(0)
+        model = model.to(dtype=dtype, memory_format=memory_format)
+        x = torch.randn(*dims, dtype=dtype).to(memory_format=memory_format)
+        progress.advance(f"{name}: recording")
+        try:
+            audit = auditor.audit(model, x, backward=not args.no_backward, record_source=args.record_source)
+        except auditor.FormatLossError:
+            raise
+        except (RuntimeError, ValueError, TypeError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise UsageError(f"{spec} failed on input {','.join(map(str, dims))} {args.dtype}: {first}") from None
+        progress.advance(f"{name}: analysing")
+        report = audit.report(top=args.top, depth=args.depth)
+        title = f"== {spec}  input {'x'.join(map(str, dims))} {args.dtype} {args.format}" + (
+            "" if not args.no_backward else "  (forward only)"
+        )
+        if out is not None:
+            target = out / name if several else out
+            target.mkdir(parents=True, exist_ok=True)
+            written = write_outputs(audit, target, args.depth, report)
+            report += "\n\nWrote: " + ", ".join(str(p) for p in written)
+        reports.append(title + "\n" + report)
+        progress.advance(f"{name}: done")
+    progress.close()
+    print("\n\n".join(reports))
+    return 0
+
+
+def write_outputs(audit, target: Path, depth: int, report: str) -> list[Path]:
+    """The audit's files: events.csv, hotspots.csv, summary.csv, coverage.csv, report.txt, and
+    the heatmap and timeline PNGs."""
+    files = {
+        "events.csv": lambda p: audit.to_csv(p),
+        "hotspots.csv": lambda p: audit.hotspots().to_csv(p, index=False),
+        "summary.csv": lambda p: audit.summary(depth).to_csv(p, index=False),
+        "coverage.csv": lambda p: audit.coverage().to_csv(p, index=False),
+        "report.txt": lambda p: p.write_text(report + "\n"),
+    }
+    try:
+        from . import plot
+    except ImportError:  # plotting is optional for the CSV/text outputs
+        plot = None
+    if plot is not None:
+        files["heatmap.png"] = lambda p: plot.save(plot.heatmap(audit, depth=depth), p)
+        files["timeline.png"] = lambda p: plot.save(plot.format_timeline(audit), p)
+    written = []
+    for name, write in files.items():
+        path = target / name
+        _write(path, write)
+        written.append(path)
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except UsageError as exc:
+        sys.stderr.write(f"\nformat-audit: error: {exc}\n")
+        return EXIT_USAGE
+    except OSError as exc:
+        sys.stderr.write(f"\nformat-audit: error: {exc}\n")
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        sys.stderr.write("\nformat-audit: interrupted\n")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
