@@ -16,12 +16,43 @@ from .formats import CHANNELS_LAST, CHANNELS_LAST_3D, LABELS, VIEW_SUFFIX
 
 _CL_LABELS = (CHANNELS_LAST, CHANNELS_LAST_3D, CHANNELS_LAST + VIEW_SUFFIX, CHANNELS_LAST_3D + VIEW_SUFFIX)
 #: Signature width handled by the vectorised path; wider ops (foreach, long cats) go one by one.
-_WIDE = 6
+_WIDE = 12
 
 HOTSPOT_KEYS = ["phase", "module", "op", "source", "kind"]
 
 
 # -- classification ---------------------------------------------------------------------------
+
+
+def _is_floating(dtype_name: str) -> bool:
+    dt = getattr(torch, dtype_name, None)
+    return isinstance(dt, torch.dtype) and (dt.is_floating_point or dt.is_complex)
+
+
+def _tensor_signatures(tensors: pd.DataFrame, floating: np.ndarray) -> np.ndarray:
+    """A code per distinct (role, position, arg, format, is_param, is_view, floating, bytes).
+
+    The fields are packed into one int64 so that a single hash factorisation does the work.
+    """
+    if not len(tensors):
+        return np.zeros(0, np.int64)
+    fields = [
+        (tensors["role"].cat.codes.to_numpy().astype(np.int64), 1),
+        (tensors["position"].to_numpy().astype(np.int64) + 1, 10),
+        (tensors["arg"].cat.codes.to_numpy().astype(np.int64) + 1, 12),
+        (tensors["format"].cat.codes.to_numpy().astype(np.int64) + 1, 4),
+        (tensors["is_param"].to_numpy().astype(np.int64), 1),
+        (tensors["is_view"].to_numpy().astype(np.int64), 1),
+        (floating.astype(np.int64), 1),
+        (pd.factorize(tensors["bytes"].to_numpy())[0].astype(np.int64), 32),
+    ]
+    if all(int(v.max()) < (1 << bits) and int(v.min()) >= 0 for v, bits in fields):
+        key = np.zeros(len(tensors), dtype=np.int64)
+        for v, bits in fields:
+            key = (key << bits) | v
+        return pd.factorize(key)[0].astype(np.int64)
+    return pd.factorize(pd.MultiIndex.from_arrays([v for v, _ in fields]))[0].astype(np.int64)
+
 
 
 def classify(events: pd.DataFrame, tensors: pd.DataFrame) -> pd.DataFrame:
@@ -33,17 +64,10 @@ def classify(events: pd.DataFrame, tensors: pd.DataFrame) -> pd.DataFrame:
     ops = events["op"].cat.categories
     op_codes = events["op"].cat.codes.to_numpy()
 
-    # a code per distinct tensor signature
-    parts = [
-        tensors["role"].cat.codes.to_numpy().astype(np.int64),
-        tensors["position"].to_numpy().astype(np.int64) + 1,
-        tensors["arg"].cat.codes.to_numpy().astype(np.int64),
-        tensors["format"].cat.codes.to_numpy().astype(np.int64),
-        tensors["is_param"].to_numpy().astype(np.int64),
-        tensors["is_view"].to_numpy().astype(np.int64),
-        pd.factorize(tensors["bytes"].to_numpy())[0].astype(np.int64),
-    ]
-    tsig = pd.factorize(pd.MultiIndex.from_arrays(parts))[0] if len(tensors) else np.zeros(0, np.int64)
+    dtype_cats = tensors["dtype"].cat.categories
+    floating_of_code = np.array([_is_floating(d) for d in dtype_cats] + [False], dtype=bool)
+    floating = floating_of_code[tensors["dtype"].cat.codes.to_numpy()]
+    tsig = _tensor_signatures(tensors, floating)
 
     # rank of each tensor row inside its event (rows are grouped by seq, in recording order)
     counts = np.bincount(seq, minlength=n)
@@ -71,7 +95,8 @@ def classify(events: pd.DataFrame, tensors: pd.DataFrame) -> pd.DataFrame:
     def verdict_of(event: int) -> rules.Verdict:
         lo, hi = starts[event], starts[event] + counts[event]
         sigs = tuple(
-            rules.TensorSig(role[i], int(position[i]), arg[i], fmt[i], bool(is_param[i]), bool(is_view[i]), int(nbytes[i]))
+            rules.TensorSig(role[i], int(position[i]), arg[i], fmt[i], bool(is_param[i]),
+                            bool(is_view[i]), int(nbytes[i]), bool(floating[i]))
             for i in range(lo, hi)
         )
         return rules.classify(ops[op_codes[event]], sigs)
@@ -95,6 +120,7 @@ def classify(events: pd.DataFrame, tensors: pd.DataFrame) -> pd.DataFrame:
 
     is_activation_input = (
         (tensors["role"] == "input").to_numpy()
+        & floating
         & ~is_param
         & ~tensors["arg"].isin(rules.WEIGHT_ARGS).to_numpy()
     )
@@ -132,11 +158,12 @@ def flow_links(events: pd.DataFrame, tensors: pd.DataFrame) -> pd.DataFrame:
     seq = tensors["seq"].to_numpy()
     # base tensor of every view output: the op's first tensor input
     view_out = is_out & tensors["is_view"].to_numpy()
-    first_in = tensors[~is_out].drop_duplicates("seq")
-    base_of_seq = pd.Series(first_in["tid"].to_numpy(), index=first_in["seq"].to_numpy())
-    parent = pd.Series(base_of_seq.reindex(seq[view_out]).to_numpy(), index=tid[view_out]).dropna()
-    parent = parent[~parent.index.duplicated()].astype(np.int64)
-    root = _resolve_roots(tid, parent)
+    first_in_row = np.full(len(events), -1, dtype=np.int64)
+    in_rows = np.flatnonzero(~is_out)
+    first_in_row[seq[in_rows][::-1]] = in_rows[::-1]
+    base_row = first_in_row[seq[view_out]]
+    has_base = base_row >= 0
+    root = _resolve_roots(tid, tid[view_out][has_base], tid[base_row[has_base]])
     phase = events["phase"].cat.codes.to_numpy()
 
     rows = np.arange(len(tensors))
@@ -159,17 +186,19 @@ def flow_links(events: pd.DataFrame, tensors: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def _resolve_roots(tid: np.ndarray, parent: pd.Series) -> np.ndarray:
+def _resolve_roots(tid: np.ndarray, view_tid: np.ndarray, base_tid: np.ndarray) -> np.ndarray:
     """Follow view -> base links until they stop (views of views of ...)."""
+    if not len(tid):
+        return tid.copy()
+    parent = np.arange(int(tid.max()) + 1, dtype=np.int64)
+    keep = view_tid != base_tid  # in-place metadata ops (as_strided_) alias themselves
+    parent[view_tid[keep][::-1]] = base_tid[keep][::-1]  # first recorded base wins
     root = tid.copy()
-    if parent.empty:
-        return root
-    for _ in range(64):
-        nxt = parent.reindex(root).to_numpy()
-        has = ~np.isnan(nxt)
-        if not has.any():
+    for _ in range(256):
+        nxt = parent[root]
+        if np.array_equal(nxt, root):
             break
-        root = np.where(has, np.nan_to_num(nxt).astype(np.int64), root)
+        root = nxt
     return root
 
 
@@ -315,9 +344,16 @@ def coverage(ops: pd.DataFrame, tensors: pd.DataFrame) -> pd.DataFrame:
     """Per aten op, device and dtype: calls, calls that read a channels_last activation, and
     what they did with it. ``support`` is ``full`` (never lost it), ``none`` (always lost it),
     ``partial``, or ``untested`` (never saw one). Comparable across devices and versions."""
-    first = tensors.drop_duplicates("seq").set_index("seq")
-    device = first["device"].astype(str).reindex(ops["seq"]).fillna("").str.split(":").str[0].to_numpy()
-    dtype = first["dtype"].astype(str).reindex(ops["seq"]).fillna("").to_numpy()
+    seq = tensors["seq"].to_numpy()
+    first_row = np.full(len(ops), -1, dtype=np.int64)
+    first_row[seq[::-1]] = np.arange(len(tensors))[::-1]
+    has = first_row >= 0
+    dev_names = np.array([str(d).split(":")[0] for d in tensors["device"].cat.categories] + [""], dtype=object)
+    dt_names = np.array([str(d) for d in tensors["dtype"].cat.categories] + [""], dtype=object)
+    dev_codes = tensors["device"].cat.codes.to_numpy()
+    dt_codes = tensors["dtype"].cat.codes.to_numpy()
+    device = dev_names[np.where(has, dev_codes[np.maximum(first_row, 0)], -1)]
+    dtype = dt_names[np.where(has, dt_codes[np.maximum(first_row, 0)], -1)]
     cl = ops["cl_input"].to_numpy()
     kind = ops["kind"].astype(str).to_numpy()
     df = pd.DataFrame(

@@ -45,11 +45,13 @@ class _OpInfo:
 
     name: str
     arg_names: tuple[str, ...]
-    view_outputs: tuple[bool, ...]  # result i aliases an input without writing it
+    view_outputs: tuple[bool, ...]  # result i aliases an input without moving data
     memory_format_index: int  # position of a memory_format argument, or -1
+    list_return: bool  # the op returns one Tensor[] (split, chunk, unbind)
 
 
 _OP_INFO: dict = {}
+_HIDDEN_VIEWS = frozenset({"aten._unsafe_view.default", "aten._reshape_alias.default"})
 
 
 def _op_info(func) -> _OpInfo:
@@ -60,10 +62,14 @@ def _op_info(func) -> _OpInfo:
         views = tuple(
             r.alias_info is not None and not r.alias_info.is_write for r in schema.returns
         )
-        if func.is_view and not any(views):  # e.g. _unsafe_view: an alias the schema hides
+        if str(func) in _HIDDEN_VIEWS or torch.Tag.inplace_view in func.tags:
+            # aliases the schema does not call views: _unsafe_view, and in-place metadata
+            # changes (as_strided_, squeeze_, ...) that move no data
             views = (True,) * max(1, len(schema.returns))
+        list_return = len(schema.returns) == 1 and str(schema.returns[0].type) == "List[Tensor]"
         info = _OpInfo(
-            str(func), names, views, names.index("memory_format") if "memory_format" in names else -1
+            str(func), names, views,
+            names.index("memory_format") if "memory_format" in names else -1, list_return,
         )
         _OP_INFO[func] = info
     return info
@@ -222,32 +228,15 @@ class _RecorderMode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if kwargs is None:
             kwargs = {}
-        if self.record_time:
-            start = time.perf_counter_ns()
-            out = func(*args, **kwargs)
-            duration = time.perf_counter_ns() - start
-        else:
-            out = func(*args, **kwargs)
-            duration = -1
         info = _OP_INFO.get(func) or _op_info(func)
         seq = len(self.events)
-        if torch._C._current_graph_task_id() != -1:
-            phase = BACKWARD
-        else:
-            phase = OTHER if self.optimizer_depth else FORWARD
-        source = self._source(phase, out) if self.record_source else ""
-        mf = info.memory_format_index
-        requested = ""
-        if mf >= 0:
-            fmt = kwargs.get("memory_format") if mf >= len(args) else args[mf]
-            if fmt is not None:
-                requested = str(fmt).replace("torch.", "")
-        self.events.append((func, phase, self.tracker.current, source, requested, duration))
-        first = len(self.tensors)
-        append = self.tensors.append
+        tensors = self.tensors
+        first = len(tensors)
+        append = tensors.append
         uid = self._uid
         params = self._param_types
         names = info.arg_names
+        # inputs are read before the call: in-place metadata ops (as_strided_, ...) change them
         for i, a in enumerate(args):
             if isinstance(a, torch.Tensor):
                 is_param = params.get(type(a))
@@ -266,26 +255,54 @@ class _RecorderMode(TorchDispatchMode):
         if kwargs:
             for k, a in kwargs.items():
                 if isinstance(a, torch.Tensor):
-                    i = names.index(k) if k in names else -1
-                    append((seq, INPUT, i, -1, k, uid(a), a.shape, a.stride(),
-                            a.storage_offset(), a.dtype, a.device, False, False))
+                    append((seq, INPUT, names.index(k) if k in names else -1, -1, k, uid(a), a.shape,
+                            a.stride(), a.storage_offset(), a.dtype, a.device, False, False))
+        try:
+            if self.record_time:
+                start = time.perf_counter_ns()
+                out = func(*args, **kwargs)
+                duration = time.perf_counter_ns() - start
+            else:
+                out = func(*args, **kwargs)
+                duration = -1
+        except BaseException:
+            del tensors[first:]  # the op never happened: no rows for it
+            raise
+        if torch._C._current_graph_task_id() != -1:
+            phase = BACKWARD
+        else:
+            phase = OTHER if self.optimizer_depth else FORWARD
+        source = self._source(phase, out) if self.record_source else ""
+        mf = info.memory_format_index
+        requested = ""
+        if mf >= 0:
+            fmt = kwargs.get("memory_format") if mf >= len(args) else args[mf]
+            if fmt is not None:
+                requested = str(fmt).replace("torch.", "")
+        self.events.append((func, phase, self.tracker.current, source, requested, duration))
         views = info.view_outputs
         if isinstance(out, torch.Tensor):
             append((seq, OUTPUT, 0, -1, "", uid(out), out.shape, out.stride(),
                     out.storage_offset(), out.dtype, out.device, False, views[0] if views else False))
         elif type(out) in (list, tuple):
-            for i, o in enumerate(out):
-                if isinstance(o, torch.Tensor):
-                    view = views[i] if i < len(views) else False
-                    append((seq, OUTPUT, i, -1, "", uid(o), o.shape, o.stride(),
+            if info.list_return:  # split, chunk, unbind: one Tensor[] result, item j of it
+                view = views[0]
+                for j, o in enumerate(out):
+                    append((seq, OUTPUT, 0, j, "", uid(o), o.shape, o.stride(),
                             o.storage_offset(), o.dtype, o.device, False, view))
-                elif type(o) in (list, tuple):
-                    for j, x in enumerate(o):
-                        if isinstance(x, torch.Tensor):
-                            append((seq, OUTPUT, i, j, "", uid(x), x.shape, x.stride(),
-                                    x.storage_offset(), x.dtype, x.device, False, False))
+            else:
+                for i, o in enumerate(out):
+                    if isinstance(o, torch.Tensor):
+                        view = views[i] if i < len(views) else False
+                        append((seq, OUTPUT, i, -1, "", uid(o), o.shape, o.stride(),
+                                o.storage_offset(), o.dtype, o.device, False, view))
+                    elif type(o) in (list, tuple):
+                        for j, x in enumerate(o):
+                            if isinstance(x, torch.Tensor):
+                                append((seq, OUTPUT, i, j, "", uid(x), x.shape, x.stride(),
+                                        x.storage_offset(), x.dtype, x.device, False, False))
         if self.strict:
-            self._check_strict(seq, info, self.tensors[first:])
+            self._check_strict(seq, info, tensors[first:])
         return out
 
     # -- opt-in extras ----------------------------------------------------------------------
@@ -362,6 +379,7 @@ def tensor_sig(row: tuple) -> rules.TensorSig:
         row[11],
         row[12],
         nbytes(shape, row[9].itemsize),
+        row[9].is_floating_point or row[9].is_complex,
     )
 
 

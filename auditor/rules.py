@@ -37,6 +37,9 @@ _DEFINITE = (CONTIGUOUS, CHANNELS_LAST, CHANNELS_LAST_3D, OTHER)
 #: Input arguments that are weights, not activations, whatever their type.
 WEIGHT_ARGS = frozenset({"weight", "bias", "running_mean", "running_var", "save_mean", "save_invstd"})
 
+#: Arguments that play the same part in an op (cat's list, a binary op's operands).
+_PEER_ARGS = frozenset({"self", "other", "tensors"})
+
 #: Ops that copy their input into a layout somebody chose: a conversion, never a loss.
 COPY_OPS = frozenset({"aten.clone", "aten._to_copy", "aten.copy_", "aten.copy", "aten._copy_from"})
 
@@ -72,6 +75,7 @@ class TensorSig(NamedTuple):
     is_param: bool
     is_view: bool  # output aliases an input without writing it
     nbytes: int
+    floating: bool = True  # floating or complex dtype; indices and masks are never activations
 
 
 class Verdict(NamedTuple):
@@ -100,7 +104,7 @@ def is_factory(op: str) -> bool:
 
 
 def _is_activation(t: TensorSig, conv: bool) -> bool:
-    if t.label == "-" or t.is_param:
+    if t.label == "-" or t.is_param or not t.floating:
         return False
     if t.role == "input":
         return t.arg not in WEIGHT_ARGS
@@ -145,7 +149,15 @@ def _classify_compute(acts_in, acts_out) -> Verdict:
     dense_out = [t for t in acts_out if not t.is_view and t.label in _DEFINITE]
     lost = [t for t in dense_out if t.label not in _CL]
     if cl_in and lost:
-        return Verdict(LOSES, sum(t.nbytes for t in lost), cl_in[0].label, lost[0].label)
+        out = min(lost, key=lambda t: t.position)
+        if all(t.arg in _PEER_ARGS for t in cl_in) and any(
+            t.arg in _PEER_ARGS and _definite(t.label) == out.label for t in other_in
+        ):
+            # peers in mixed formats (cat's tensors, add's self and other): the op followed
+            # the other one and reordered the channels_last ones. A conversion of those, not
+            # missing support; a gradient meeting a saved tensor is not a peer of it.
+            return Verdict(CONVERTS, sum(t.nbytes for t in cl_in), cl_in[0].label, out.label)
+        return Verdict(LOSES, out.nbytes, cl_in[0].label, out.label)
     cl_out = [t for t in dense_out if t.label in _CL]
     if cl_out and other_in:
         kind = CONVERTS if cl_in else RESTORES

@@ -62,6 +62,28 @@ class MixedCat(TwoConvs):
         return torch.cat([y, y.contiguous()], dim=1)
 
 
+class Softmax(TwoConvs):
+    """An op with no channels_last kernel on CPU (softmax over C, forward and backward)."""
+
+    def __init__(self):
+        super().__init__()
+        self.mid = nn.Softmax(dim=1)
+
+    def between(self, y):
+        return self.mid(y)
+
+
+class Bicubic(TwoConvs):
+    """Keeps channels_last in forward; its backward (upsample_bicubic2d_backward) loses it."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Upsample(scale_factor=2, mode="bicubic")
+
+    def between(self, y):
+        return self.up(y)
+
+
 class Gate(TwoConvs):
     """A 1-channel gate (N1HW sigmoid times features): ambiguous, never a loss."""
 
@@ -94,6 +116,8 @@ MODELS = {
     "reshape_view": (ReshapeView, (2, 3, 8, 8)),
     "mixed_cat": (MixedCat, (2, 3, 8, 8)),
     "gate": (Gate, (2, 3, 8, 8)),
+    "softmax": (Softmax, (2, 3, 8, 8)),
+    "bicubic": (Bicubic, (2, 3, 8, 8)),
     "channels_last_3d": (ChannelsLast3d, (2, 3, 4, 6, 6)),
     "user_restore": (UserRestore, (2, 3, 8, 8)),
 }
@@ -101,17 +125,21 @@ MODELS = {
 CONV = "aten.convolution.default"
 CLONE = "aten.clone.default"
 #: model -> the exact set of forward hotspots (module, op, kind)
+#: (backward expectations are in tests/test_analysis.py)
 EXPECTED = {
     "clean": set(),
     "reshape_view": set(),
     "gate": set(),
     "explicit_contiguous": {("<root>", CLONE, "converts"), ("conv2", CONV, "converts")},
     "reshape_copy": {("<root>", CLONE, "converts"), ("conv2", CONV, "converts")},
+    # cat follows its contiguous input and reorders the channels_last one: a conversion
     "mixed_cat": {
         ("<root>", CLONE, "converts"),
-        ("<root>", "aten.cat.default", "loses"),
+        ("<root>", "aten.cat.default", "converts"),
         ("conv2", CONV, "converts"),
     },
+    "softmax": {("mid", "aten._softmax.default", "loses"), ("conv2", CONV, "converts")},
+    "bicubic": set(),
     "channels_last_3d": {("<root>", CLONE, "converts"), ("conv2", CONV, "converts")},
     "user_restore": {("<root>", CLONE, "converts"), ("<root>", CLONE, "restores")},
 }

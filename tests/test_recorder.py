@@ -277,23 +277,31 @@ def test_read_csv_names_a_missing_column(tmp_path):
 
 
 def test_strict_raises_at_a_loss_with_op_module_and_strides():
-    model, x = make("mixed_cat")
+    model, x = make("softmax")
     with pytest.raises(auditor.FormatLossError) as info:
         auditor.audit(model, x, strict=True)
     msg = str(info.value)
-    assert "aten.cat.default" in msg and "'<root>'" in msg
-    assert "shape (2, 8, 8, 8) strides (512, 1, 64, 8)" in msg  # the channels_last input
-    assert "strides (512, 64, 8, 1)" in msg  # the contiguous one
+    assert "aten._softmax.default" in msg and "'mid'" in msg and "(forward)" in msg
+    assert "self: shape (2, 8, 8, 8) strides (512, 1, 64, 8) (channels_last)" in msg
 
 
-@pytest.mark.parametrize("name", ["clean", "gate", "explicit_contiguous", "reshape_copy", "user_restore"])
+def test_strict_raises_in_backward_too():
+    model, x = make("bicubic")
+    with pytest.raises(auditor.FormatLossError, match=r"upsample_bicubic2d_backward.*\(backward\)"):
+        auditor.audit(model, x, strict=True)
+
+
+@pytest.mark.parametrize(
+    "name", ["clean", "gate", "explicit_contiguous", "reshape_copy", "user_restore", "mixed_cat"]
+)
 def test_strict_is_silent_where_nothing_is_lost(name):
     model, x = make(name)
     auditor.audit(model, x, strict=True)  # views, N1HW gates and asked-for copies never raise
 
 
-def test_strict_agrees_with_the_analyzer():
-    model, x = make("mixed_cat")
+@pytest.mark.parametrize("name", ["softmax", "bicubic"])
+def test_strict_agrees_with_the_analyzer(name):
+    model, x = make(name)
     ops = auditor.audit(model, x).ops()
     first_loss = ops.index[ops["kind"] == "loses"][0]
     fa = auditor.FormatAuditor(strict=True)
