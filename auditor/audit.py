@@ -98,7 +98,7 @@ class Audit:
             lines.append("")
             shown = hot.head(top)
             w_mod = min(32, max(6, shown["module"].str.len().max()))
-            w_op = min(34, max(2, shown["op"].str.len().max()))
+            w_op = min(40, max(2, shown["op"].str.len().max()))
             lines.append(f"  {'phase':8} {'module':{w_mod}} {'op':{w_op}} {'kind':8} {'from -> to':30} {'n':>4} {'bytes':>9}")
             for r in shown.itertuples():
                 mod = r.module if len(r.module) <= w_mod else "…" + r.module[-(w_mod - 1):]
