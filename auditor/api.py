@@ -79,7 +79,10 @@ class FormatAuditor:
         finally:
             types = dict(self._tracker.types) if self._tracker else {}
             self._teardown()
+            rank, world_size = _process_group()
             raw = RawLog(
+                rank=rank,
+                world_size=world_size,
                 events=mode.events,
                 tensors=mode.tensors,
                 module_types=types,
@@ -97,6 +100,14 @@ class FormatAuditor:
         if self._tracker is not None:
             self._tracker.__exit__(None, None, None)
             self._tracker = None
+
+
+def _process_group() -> tuple[int, int]:
+    """(rank, world_size) of the default process group, or (0, 1) outside one."""
+    dist = getattr(torch, "distributed", None)
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
 
 
 def _default_loss(output) -> torch.Tensor:

@@ -29,6 +29,8 @@ EVENT_COLUMNS: dict[str, str] = {
     "in_format": "category",
     "out_format": "category",
     "duration_us": "float64",
+    "rank": "int16",
+    "world_size": "int16",
 }
 
 #: column -> dtype of ``Audit.tensors``.
@@ -136,6 +138,8 @@ def build_frames(raw: RawLog) -> tuple[pd.DataFrame, pd.DataFrame]:
             )
             if n
             else np.empty(0),
+            "rank": np.full(n, raw.rank, dtype=np.int16),
+            "world_size": np.full(n, raw.world_size, dtype=np.int16),
         }
     )
     return events, tensors

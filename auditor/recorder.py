@@ -392,3 +392,5 @@ class RawLog:
     module_types: dict[str, str] = field(default_factory=dict)
     complete: bool = True
     error: str = ""
+    rank: int = 0  # torch.distributed rank while recording (0 outside a process group)
+    world_size: int = 1
