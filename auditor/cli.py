@@ -109,10 +109,13 @@ def _write(path: Path, write) -> None:
 
 
 class Progress:
-    """A one-line progress display on stderr (a bar when auditing several models)."""
+    """Progress on stderr: a bar redrawn in place on a terminal, one line per step otherwise
+    (a CI log)."""
 
-    def __init__(self, total: int, stream=sys.stderr):
-        self.total, self.done, self.stream = total, 0, stream
+    def __init__(self, total: int, stream=None):
+        self.total, self.done = total, 0
+        self.stream = stream or sys.stderr
+        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
         self.start = time.perf_counter()
 
     def step(self, label: str) -> None:
@@ -120,7 +123,8 @@ class Progress:
         filled = int(width * self.done / max(1, self.total))
         bar = "#" * filled + "." * (width - filled)
         elapsed = time.perf_counter() - self.start
-        self.stream.write(f"\r[{bar}] {self.done}/{self.total} {label:<48.48} {elapsed:6.1f}s")
+        line = f"[{bar}] {self.done}/{self.total} {label:<48.48} {elapsed:6.1f}s"
+        self.stream.write(f"\r{line}" if self.tty else line.rstrip() + "\n")
         self.stream.flush()
 
     def advance(self, label: str) -> None:
@@ -128,8 +132,9 @@ class Progress:
         self.step(label)
 
     def close(self) -> None:
-        self.stream.write("\n")
-        self.stream.flush()
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -216,13 +221,10 @@ def write_outputs(audit, target: Path, depth: int, report: str) -> list[Path]:
         "coverage.csv": lambda p: audit.coverage().to_csv(p, index=False),
         "report.txt": lambda p: p.write_text(report + "\n"),
     }
-    try:
-        from . import plot
-    except ImportError:  # plotting is optional for the CSV/text outputs
-        plot = None
-    if plot is not None:
-        files["heatmap.png"] = lambda p: plot.save(plot.heatmap(audit, depth=depth), p)
-        files["timeline.png"] = lambda p: plot.save(plot.format_timeline(audit), p)
+    from . import plot
+
+    files["heatmap.png"] = lambda p: plot.save(plot.heatmap(audit, depth=depth), p, format="png")
+    files["timeline.png"] = lambda p: plot.save(plot.format_timeline(audit), p, format="png")
     written = []
     for name, write in files.items():
         path = target / name
