@@ -18,6 +18,7 @@ from matplotlib.figure import Figure
 from . import analysis, rules
 from .audit import Audit
 
+
 class AuditFigure(Figure):
     """A plain matplotlib Figure that also renders itself as PNG in Jupyter, with or without
     pyplot and whatever the backend: the notebook shows it once, as the cell's value."""
