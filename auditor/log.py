@@ -201,6 +201,11 @@ def _parse(series: pd.Series, name: str, dtype: str):
     values = series.to_numpy()
     try:
         if dtype == "category":
+            allowed = FIXED_CATEGORIES.get(name)
+            if allowed is not None:
+                unknown = sorted(set(values) - set(allowed))
+                if unknown:
+                    raise ValueError(f"unknown value {unknown[0]!r}")
             return _categorical(list(values), name)
         if dtype == "bool":
             bad = ~np.isin(values, ["True", "False"])

@@ -276,6 +276,22 @@ def test_read_csv_names_a_missing_column(tmp_path):
         auditor.Audit.read_csv(path)
 
 
+def test_read_csv_rejects_values_outside_the_schema(tmp_path):
+    model, x = make("clean")
+    path = tmp_path / "a.csv"
+    auditor.audit(model, x).to_csv(path)
+    df = pd.read_csv(path, keep_default_na=False, dtype=str)
+    df.loc[0, "phase"] = "sideways"
+    df.to_csv(path, index=False)
+    with pytest.raises(ValueError, match="'phase'.*'sideways'"):
+        auditor.Audit.read_csv(path)
+    df.loc[0, "phase"] = "forward"
+    df.loc[1, "tid"] = "x"
+    df.to_csv(path, index=False)
+    with pytest.raises(ValueError, match="'tid'"):
+        auditor.Audit.read_csv(path)
+
+
 def test_strict_raises_at_a_loss_with_op_module_and_strides():
     model, x = make("softmax")
     with pytest.raises(auditor.FormatLossError) as info:
