@@ -318,8 +318,8 @@ def _bucket_lines(ra: RankAudits, top: int) -> list[str]:
         parts = ", ".join(f"{p} {s} {n}" for (p, s), n in counts.items())
         changed = g["layout_change"] | g["view_mismatch"]
         lines.append(
-            f"  rank {r}: {len(g)} copies ({parts}); {int(changed.sum())} change the layout, "
-            f"{_fmt_bytes(g.loc[changed, 'bytes'].sum())}"
+            f"  rank {r}: {len(g)} copies ({parts}); {int(changed.sum())} change the layout or "
+            f"mismatch a bucket view, {_fmt_bytes(g.loc[changed, 'bytes'].sum())}"
         )
     hot = ra.bucket_hotspots()
     if hot.empty:

@@ -160,6 +160,12 @@ def _worker(mode: str, out: str, store: str) -> None:
             dist.all_reduce(torch.ones(1), group=group)
             return
         ex = _load_example()
+        import auditor
+        from auditor.distributed import save_rank_audit
+
+        with auditor.FormatAuditor() as fa:  # DDP's constructor: it broadcasts rank 0's state
+            ex.build(rank)
+        save_rank_audit(fa.audit, Path(out, "construct"))
         for name, kw in SCENARIOS.items():
             d = Path(out, name)
             _, ddp, _ = ex.audit_run(str(d), **kw)
@@ -306,6 +312,21 @@ def test_wrapping_before_the_conversion_is_found(run):
         for r in (0, 1):
             err = float((run["out"] / name / f"grad_error.rank{r}.txt").read_text())
             assert (err > 1e-3) == flagged, (name, r, err)
+
+
+def test_construction_broadcast_flattens_through_contiguous(run):
+    # DDP's constructor broadcasts the parameters as one flat buffer: each 4-D weight is cloned
+    # to NCHW to be flattened, and copied back into channels_last afterwards (once per run)
+    hot = _merged(run, "construct").bucket_hotspots()
+    for r in (0, 1):
+        mine = hot[hot["rank"] == r].set_index("stage")
+        assert set(mine.index) == {"flatten", "out"} and (mine["phase"] == "forward").all()
+        assert (mine["collective"] == "c10d.broadcast_.default").all()
+        assert mine.loc["flatten", "op"] == "aten.clone.default" and mine.loc["flatten", "count"] == 3
+        assert (mine.loc["flatten", "from_format"], mine.loc["flatten", "to_format"]) == (
+            "channels_last", "contiguous")
+        assert mine.loc["out", "op"] == "aten.copy_.default" and mine.loc["out", "count"] == 3
+        assert mine.loc["out", "to_format"] == "channels_last"
 
 
 def test_a_hanging_rank_ends_in_bounded_time(tmp_path):
