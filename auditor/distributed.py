@@ -290,7 +290,7 @@ class RankAudits:
         lines.append("")
         lines.append(f"Rank {ref}:")
         ref_audit = self.per_rank[ref]
-        lines.append(ref_audit.report(top=top, depth=depth + _wrapper_levels(ref_audit)))
+        lines.append(ref_audit.report(top=top, depth=depth))
         return "\n".join(lines)
 
     def __repr__(self) -> str:
@@ -298,14 +298,6 @@ class RankAudits:
 
     def _repr_html_(self) -> str:
         return "<pre>" + self.report().replace("&", "&amp;").replace("<", "&lt;") + "</pre>"
-
-
-def _wrapper_levels(audit: Audit) -> int:
-    """1 when the recorded root is a DDP-style wrapper (every module is ``module`` or below it),
-    so that module summaries look one level deeper, at the user's own modules."""
-    names = {str(m) for m in audit.events["module"].unique()} - {"<root>", "<global>"}
-    wrapped = bool(names) and all(m == "module" or m.startswith("module.") for m in names)
-    return int(wrapped)
 
 
 def _bucket_lines(ra: RankAudits, top: int) -> list[str]:

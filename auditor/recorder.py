@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 from torch.utils.module_tracker import ModuleTracker
 
 from . import rules
@@ -49,6 +50,9 @@ class _OpInfo:
     memory_format_index: int  # position of a memory_format argument, or -1
     list_return: bool  # the op returns one Tensor[] (split, chunk, unbind)
 
+
+#: Wrappers whose ``module`` child is the user's model: their names are dropped from fqns.
+_WRAPPERS = frozenset({"DistributedDataParallel", "DataParallel", "FullyShardedDataParallel"})
 
 _OP_INFO: dict = {}
 _HIDDEN_VIEWS = frozenset({"aten._unsafe_view.default", "aten._reshape_alias.default"})
@@ -125,6 +129,8 @@ class _Tracker(ModuleTracker):
         self.current = "Global"
         self.types: dict[str, str] = {}
         self._stack: list[str] = []
+        self._ops_at_entry: list[int] = []
+        self.op_count = None  # set by the recorder: a callable giving the ops recorded so far
 
     def _get_append_fn(self, name, is_bw):
         fn = super()._get_append_fn(name, is_bw)
@@ -173,9 +179,19 @@ class _Tracker(ModuleTracker):
 
     def _fw_pre_hook(self, mod, input):
         super()._fw_pre_hook(mod, input)
+        self._ops_at_entry.append(self.op_count() if self.op_count else -1)
         name = self._known_modules.get(mod)
         if name is not None and name not in self.types:
             self.types[name] = type(mod).__name__
+
+    def _fw_post_hook(self, mod, input, output):
+        start = self._ops_at_entry.pop() if self._ops_at_entry else -1
+        if start >= 0 and start == self.op_count() and _passes_through(input, output):
+            # nn.Identity and the like: no op ran, the output is the input. A backward hook on
+            # that tensor would open the module around its neighbours' backward ops.
+            self._get_pop_fn(self._get_mod_name(mod), False)()
+            return
+        super()._fw_post_hook(mod, input, output)
 
 
 def module_names(tracker_names: Iterable[str], types: dict[str, str]):
@@ -196,11 +212,20 @@ def module_names(tracker_names: Iterable[str], types: dict[str, str]):
         if root is None:
             root = head
         if head == root:
+            if types.get(head) in _WRAPPERS and (rest == "module" or rest.startswith("module.")):
+                rest = rest[len("module."):]  # DDP(model): name the model's modules, not the wrapper's
             fqn = rest or ROOT_MODULE
         else:
             fqn = name
         mapping[name] = (fqn, types.get(name, head if not rest else ""))
     return mapping
+
+
+def _passes_through(inputs, outputs) -> bool:
+    """Every tensor the module returned is one of the tensors it was given."""
+    given = {id(t) for t in tree_leaves(inputs) if isinstance(t, torch.Tensor)}
+    returned = [t for t in tree_leaves(outputs) if isinstance(t, torch.Tensor)]
+    return bool(returned) and all(id(t) in given for t in returned)
 
 
 def _is_internal(filename: str) -> bool:
@@ -214,9 +239,10 @@ class _RecorderMode(TorchDispatchMode):
         super().__init__()
         self.tracker = tracker
         self.strict = strict
+        self.events: list[tuple] = []
+        tracker.op_count = self.events.__len__
         self.record_source = record_source
         self.record_time = record_time
-        self.events: list[tuple] = []
         self.tensors: list[tuple] = []
         self.optimizer_depth = 0
         self._uid = _TensorIds()

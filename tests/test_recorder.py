@@ -104,6 +104,40 @@ def test_module_attribution_forward_and_backward():
     assert ev[ev["op"] == "aten.sum.default"]["module"].iloc[0] == "<global>"
 
 
+def test_backward_attribution_skips_pass_through_modules():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1 = nn.Conv2d(3, 8, 3, padding=1)
+            self.mid = nn.Identity()  # no op: its output is its input
+            self.act = nn.ReLU(inplace=True)  # in place: same tensor, but an op ran
+            self.c2 = nn.Conv2d(8, 8, 3, padding=1)
+
+        def forward(self, x):
+            return self.c2(self.act(self.mid(self.c1(x))))
+
+    ev = auditor.audit(Net().to(memory_format=CL), torch.randn(2, 3, 8, 8).to(memory_format=CL)).events
+    bw = ev[ev["phase"] == "backward"].set_index(ev[ev["phase"] == "backward"]["op"].astype(str))
+    assert bw.loc["aten.threshold_backward.default", "module"] == "act"
+    assert bw[bw.index == "aten.convolution_backward.default"]["module"].tolist() == ["c2", "c1"]
+
+
+def test_wrapper_modules_do_not_prefix_names():
+    from auditor.recorder import module_names
+
+    names = module_names(
+        ["Global", "DistributedDataParallel", "DistributedDataParallel.module",
+         "DistributedDataParallel.module.conv1", "CrossEntropyLoss"],
+        {"DistributedDataParallel": "DistributedDataParallel",
+         "DistributedDataParallel.module": "Net", "DistributedDataParallel.module.conv1": "Conv2d"},
+    )
+    assert names["DistributedDataParallel.module.conv1"] == ("conv1", "Conv2d")
+    assert names["DistributedDataParallel.module"] == ("<root>", "Net")
+    assert names["DistributedDataParallel"] == ("<root>", "DistributedDataParallel")
+    assert names["CrossEntropyLoss"][0] == "CrossEntropyLoss"
+    assert names["Global"] == ("<global>", "")
+
+
 class Kitchen(nn.Module):
     """In-place ops, views, factories, tensor lists and multi-output ops in one forward."""
 
