@@ -9,6 +9,7 @@ torch's lazy imports and fake-kernel caches, the second shows the steady cost.
 
     python benchmarks/fake_scale.py                  # batch 1 vs 4096, 5 runs each
     python benchmarks/fake_scale.py --runs 3 --batch 1024
+    python benchmarks/fake_scale.py --device cuda      # the same for a cuda target
 
 Targets: batch 4096 in under 3 s (first call, median), under 2 GB peak RSS (worst run), and
 batch 4096 at most 1.5x the time of batch 1 (second calls, medians, measured in this run).
@@ -28,7 +29,7 @@ RSS_TARGET_BYTES = 2 * 1024**3
 RATIO_TARGET = 1.5
 
 
-def child(batch: int, size: int, repeats: int) -> None:
+def child(batch: int, size: int, repeats: int, device: str) -> None:
     """One measurement: print a JSON line with the audit times and the process's peak RSS."""
     import resource
     import warnings
@@ -46,7 +47,7 @@ def child(batch: int, size: int, repeats: int) -> None:
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        a = auditor.audit(model, x, fake=True)
+        a = auditor.audit(model, x, fake=True, device=device)
         times.append(time.perf_counter() - start)
         events = len(a.events)
         # what a real step would write: the results of every op that is not a view
@@ -59,9 +60,9 @@ def child(batch: int, size: int, repeats: int) -> None:
     }))
 
 
-def measure(batch: int, size: int, repeats: int) -> dict:
+def measure(batch: int, size: int, repeats: int, device: str) -> dict:
     cmd = [sys.executable, __file__, "--child", "--batch", str(batch), "--size", str(size),
-           "--repeats", str(repeats)]
+           "--repeats", str(repeats), "--device", device]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"measurement failed (batch {batch}):\n{done.stderr[-2000:]}")
@@ -78,22 +79,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", type=int, default=224, help="input height and width")
     parser.add_argument("--runs", type=int, default=5, help="subprocesses per batch size")
     parser.add_argument("--repeats", type=int, default=2, help="audits per subprocess")
+    parser.add_argument("--device", default="cpu", help="the fake audit's target (cpu or cuda)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        child(args.batch, args.size, args.repeats)
+        child(args.batch, args.size, args.repeats, args.device)
         return 0
     if args.repeats < 2:
         parser.error("--repeats must be at least 2 (the first audit in a process is the cold one)")
 
     import torch
 
-    print(f"torch {torch.__version__}, resnet50, {args.size}x{args.size}, channels_last, fake cpu, "
-          f"forward + backward; {args.runs} subprocesses per batch, {args.repeats} audits each\n")
+    print(f"torch {torch.__version__}, resnet50, {args.size}x{args.size}, channels_last, "
+          f"fake {args.device}, forward + backward; {args.runs} subprocesses per batch, "
+          f"{args.repeats} audits each\n")
     results: dict[int, list[dict]] = {1: [], args.batch: []}
     for _ in range(args.runs):  # interleaved, so both batch sizes see the same machine
         for batch in results:
-            results[batch].append(measure(batch, args.size, args.repeats))
+            results[batch].append(measure(batch, args.size, args.repeats, args.device))
 
     def med(batch: int, which: int) -> float:
         return statistics.median(r["times"][which] for r in results[batch])
