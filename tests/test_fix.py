@@ -1,0 +1,480 @@
+"""Fixes: conversion helpers, suggested fixes that remove the planted breaks, layout plans."""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import textwrap
+
+import pandas as pd
+import planted
+import pytest
+import torch
+import torch.nn as nn
+from planted import make
+
+import auditor
+from auditor import fix, plan
+
+CL, CL3 = torch.channels_last, torch.channels_last_3d
+
+
+def forward_hotspots(a: auditor.Audit) -> pd.DataFrame:
+    h = a.hotspots()
+    return h[h["phase"] == "forward"]
+
+
+class Nested(nn.Module):
+    """Convolutions at several depths, a transposed one, and a Linear that must stay as it is."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.body = nn.Sequential(nn.ReLU(), nn.Sequential(nn.Conv2d(8, 8, 1), nn.ConvTranspose2d(8, 4, 2, stride=2)))
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.head(self.body(self.stem(x)).mean((2, 3)))
+
+
+# -- conversion helpers --------------------------------------------------------------------------
+
+
+def test_conv2d_helper_converts_nested_convs_in_place_and_reports():
+    torch.manual_seed(0)
+    m = Nested()
+    params = {name: p for name, p in m.named_parameters()}
+    values = {name: p.detach().clone() for name, p in params.items()}
+    report = fix.convert_conv2d_weight_memory_format(m, CL)
+    assert list(report.columns) == fix.CONVERSION_COLUMNS
+    assert list(report["module"]) == ["stem", "body.1.0", "body.1.1"]
+    assert list(report["module_type"]) == ["Conv2d", "Conv2d", "ConvTranspose2d"]
+    # the 1x1 kernel is contiguous in both formats, but its strides still pick the conv's layout
+    assert list(report["from_format"]) == ["contiguous"] * 3
+    assert list(report["to_format"]) == ["channels_last"] * 3
+    assert report.loc[0, "bytes"] == 8 * 3 * 3 * 3 * 4
+    for name, p in m.named_parameters():
+        assert p is params[name], "same Parameter objects"
+        assert torch.equal(p, values[name]), "same values"
+    for mod in (m.stem, m.body[1][0], m.body[1][1]):
+        assert mod.weight.stride() == torch.empty(mod.weight.shape, memory_format=CL).stride()
+    assert m.head.weight.is_contiguous()
+
+
+def test_conv_helpers_are_idempotent_and_undo_with_contiguous_format():
+    m = Nested()
+    assert len(fix.convert_conv2d_weight_memory_format(m, CL)) == 3
+    again = fix.convert_conv2d_weight_memory_format(m, CL)
+    assert again.empty and list(again.columns) == fix.CONVERSION_COLUMNS
+    back = fix.convert_conv2d_weight_memory_format(m, torch.contiguous_format)
+    assert list(back["to_format"]) == ["contiguous"] * 3
+    assert all(mod.weight.is_contiguous() for mod in (m.stem, m.body[1][0], m.body[1][1]))
+
+
+def test_optimizer_created_before_conversion_keeps_training_the_same_parameters():
+    torch.manual_seed(0)
+    m = Nested()
+    ref = copy.deepcopy(m)
+    x = torch.randn(2, 3, 8, 8)
+    opts = [torch.optim.SGD(mm.parameters(), lr=0.1, momentum=0.9) for mm in (m, ref)]
+    for step in range(3):
+        if step == 1:  # convert between two steps: momentum buffers exist already
+            fix.convert_conv2d_weight_memory_format(m, CL)
+        for mm, opt, inp in ((m, opts[0], x.contiguous(memory_format=CL) if step else x), (ref, opts[1], x)):
+            opt.zero_grad()
+            mm(inp).sum().backward()
+            opt.step()
+    for (name, p), q in zip(m.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=name)
+    assert m.stem.weight.is_contiguous(memory_format=CL) and not m.stem.weight.is_contiguous()
+    assert m.stem.weight.grad.is_contiguous(memory_format=CL)
+
+
+def test_conv3d_helper_covers_conv3d_and_conv_transpose3d_only():
+    m = nn.Sequential(nn.Conv3d(2, 4, 3), nn.ConvTranspose3d(4, 2, 2), nn.Conv2d(2, 2, 3))
+    report = fix.convert_conv3d_weight_memory_format(m, CL3)
+    assert list(report["module"]) == ["0", "1"]
+    assert list(report["to_format"]) == ["channels_last_3d"] * 2
+    assert m[0].weight.is_contiguous(memory_format=CL3) and m[2].weight.is_contiguous()
+    assert fix.convert_conv3d_weight_memory_format(m, CL3).empty
+
+
+def test_helper_behaves_like_torch_on_the_weights():
+    torch.manual_seed(0)
+    ours, theirs = Nested(), Nested()
+    theirs.load_state_dict(ours.state_dict())
+    fix.convert_conv2d_weight_memory_format(ours, CL)
+    torch.nn.utils.convert_conv2d_weight_memory_format(theirs, CL)
+    for p, q in zip(ours.parameters(), theirs.parameters()):
+        assert p.stride() == q.stride() and torch.equal(p, q)
+
+
+@pytest.mark.parametrize(
+    "helper, fmt, error, words",
+    [
+        (fix.convert_conv2d_weight_memory_format, CL3, ValueError, "convert_conv3d_weight_memory_format"),
+        (fix.convert_conv2d_weight_memory_format, torch.preserve_format, ValueError, "channels_last"),
+        (fix.convert_conv3d_weight_memory_format, CL, ValueError, "convert_conv2d_weight_memory_format"),
+        (fix.convert_conv2d_weight_memory_format, "channels_last", TypeError, "torch.memory_format"),
+    ],
+)
+def test_helpers_reject_a_format_of_the_wrong_rank(helper, fmt, error, words):
+    with pytest.raises(error, match=words):
+        helper(Nested(), fmt)
+
+
+def test_helpers_reject_what_is_not_a_module():
+    with pytest.raises(TypeError, match="nn.Module"):
+        fix.convert_conv2d_weight_memory_format(torch.zeros(1), CL)
+    with pytest.raises(TypeError, match="nn.Module"):
+        fix.to_channels_last(lambda x: x)
+
+
+def test_to_channels_last_picks_the_format_by_rank():
+    class Both(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c2 = nn.Conv2d(3, 4, 3)
+            self.c3 = nn.Conv3d(3, 4, 3)
+            self.register_buffer("grid", torch.zeros(1, 2, 3, 3))
+
+        def forward(self, x2, x3):
+            return self.c2(x2).sum() + self.c3(x3).sum()
+
+    m = Both()
+    ids = [id(p) for p in m.parameters()]
+    x2, x3, v = torch.randn(1, 3, 5, 5), torch.randn(1, 3, 4, 5, 5), torch.randn(3)
+    out = fix.to_channels_last(m, x2, {"x3": x3, "other": [v, 7]})
+    assert out[0] is m and len(out) == 3
+    assert out[1].is_contiguous(memory_format=CL) and not out[1].is_contiguous()
+    assert out[2]["x3"].is_contiguous(memory_format=CL3) and not out[2]["x3"].is_contiguous()
+    assert out[2]["other"][0] is v and out[2]["other"][1] == 7
+    assert m.c2.weight.is_contiguous(memory_format=CL) and m.c3.weight.is_contiguous(memory_format=CL3)
+    assert m.grid.stride() == torch.empty(1, 2, 3, 3, memory_format=CL).stride()
+    assert [id(p) for p in m.parameters()] == ids
+    assert fix.to_channels_last(m) is m  # no inputs: the model alone
+    torch.testing.assert_close(m(out[1], out[2]["x3"]), Both.forward(m, x2, x3))
+
+
+def test_keep_contiguous_runs_a_region_contiguous_with_the_same_values():
+    model, x = make("softmax")
+    ref = model(x)
+    report = fix.keep_contiguous(model, ["conv1", "conv2"])
+    assert set(report["module"]) == {"conv1", "conv2"}
+    a = auditor.audit(model, x)
+    assert a.hotspots().empty
+    torch.testing.assert_close(model(x), ref)
+    assert fix.remove_input_formats(model) == 2
+    with pytest.raises(ValueError, match="not a Conv2d"):
+        fix.keep_contiguous(model, ["mid"])
+    with pytest.raises(ValueError, match="no module named"):
+        fix.keep_contiguous(model, ["nope"])
+
+
+@pytest.mark.parametrize("dim", [1, 2, 3, -1])
+def test_softmax_keep_format_same_values_and_format_both_ways(dim):
+    x = torch.randn(2, 5, 4, 3).contiguous(memory_format=CL).requires_grad_()
+    y = fix.softmax_keep_format(x, dim)
+    torch.testing.assert_close(y, torch.softmax(x, dim))
+    assert y.is_contiguous(memory_format=CL)
+    g = torch.randn_like(y)
+    (gx,) = torch.autograd.grad(y, x, g)
+    (gref,) = torch.autograd.grad(torch.softmax(x, dim), x, g)
+    torch.testing.assert_close(gx, gref)
+    assert gx.is_contiguous(memory_format=CL)
+
+
+def test_format_keeping_layer_norm_and_instance_norm_swaps():
+    torch.manual_seed(0)
+    x = torch.randn(2, 4, 5, 5).contiguous(memory_format=CL)
+    ln = nn.LayerNorm([4, 5, 5])
+    nn.init.normal_(ln.weight)
+    nn.init.normal_(ln.bias)
+    swapped = fix.LayerNormKeepFormat.from_module(ln)
+    assert swapped.weight is ln.weight
+    torch.testing.assert_close(swapped(x), ln(x), rtol=1e-4, atol=1e-5)
+    assert swapped(x).is_contiguous(memory_format=CL)
+    inorm = nn.InstanceNorm2d(4, affine=True)
+    gn = fix.swap_instance_norm(inorm)
+    torch.testing.assert_close(gn(x), inorm(x), rtol=1e-4, atol=1e-5)
+    assert gn(x).is_contiguous(memory_format=CL)
+    with pytest.raises(ValueError, match="running stats"):
+        fix.swap_instance_norm(nn.InstanceNorm2d(4, track_running_stats=True))
+
+
+# -- suggested fixes --------------------------------------------------------------------------------
+
+EXPECTED_ACTIONS = {
+    "explicit_contiguous": fix.EDIT,
+    "mixed_cat": fix.EDIT,
+    "channels_last_3d": fix.EDIT,
+    "user_restore": fix.EDIT,
+    "softmax": fix.SWAP,
+    "reshape_copy": fix.REGION,
+    "bicubic": fix.REGION,
+}
+
+
+@pytest.fixture(scope="module")
+def fixes():
+    out = {}
+    for name in planted.MODELS:
+        model, x = make(name)
+        a = auditor.audit(model, x, record_source=True)
+        out[name] = (a, fix.suggest_fixes(a))
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_ACTIONS))
+def test_one_fix_covers_every_hotspot_of_a_planted_break(fixes, name):
+    a, f = fixes[name]
+    assert list(f.frame["action"]) == [EXPECTED_ACTIONS[name]]
+    assert list(f.frame.columns) == fix.FIX_COLUMNS
+    assert len(f.hotspots) == len(a.hotspots()) and (f.hotspots["fix"] == 1).all()
+    row = f.frame.iloc[0]
+    assert row["hotspot_bytes"] == a.hotspots()["bytes"].sum()
+    assert row["bytes"] == row["hotspot_bytes"] - row["added_bytes"] > 0
+    assert row["forward_bytes"] + row["backward_bytes"] == row["hotspot_bytes"]
+
+
+def test_clean_models_need_no_fix(fixes):
+    for name in ("clean", "reshape_view", "gate"):
+        f = fixes[name][1]
+        assert f.frame.empty and "none" in str(f)
+
+
+@pytest.mark.parametrize(
+    "name, line, suggestion",
+    [
+        ("explicit_contiguous",
+         "return y.contiguous()  # planted: an explicit .contiguous() between two convolutions",
+         "return y.contiguous(memory_format=torch.channels_last)  # planted: an explicit .contiguous() between two convolutions"),
+        ("mixed_cat", "return torch.cat([y, y.contiguous()], dim=1)",
+         "return torch.cat([y, y.contiguous(memory_format=torch.channels_last)], dim=1)"),
+        ("channels_last_3d",
+         "return y.contiguous()  # planted: 5-D channels_last_3d lost to an explicit .contiguous()",
+         "return y.contiguous(memory_format=torch.channels_last_3d)  # planted: 5-D channels_last_3d lost to an explicit .contiguous()"),
+        ("user_restore", "return y.contiguous().contiguous(memory_format=CL)",
+         "return y.contiguous(memory_format=torch.channels_last).contiguous(memory_format=CL)"),
+    ],
+)
+def test_source_fix_names_the_line_and_what_to_write(fixes, name, line, suggestion):
+    a, f = fixes[name]
+    row = f.frame.iloc[0]
+    assert row["source"].startswith(planted.__file__) and row["module"] == "<root>"
+    assert row["line"].strip() == line and row["suggestion"].strip() == suggestion
+    text = str(f)
+    assert f"now:   {line}" in text and f"write: {suggestion}" in text and row["source"] in text
+
+
+def _apply_source_fix(name: str, row) -> nn.Module:
+    """Build the planted model with its ``between`` line replaced as the fix says."""
+    cls, shape = planted.MODELS[name]
+    src = textwrap.dedent(inspect.getsource(cls.between))
+    assert src.count(row["line"].strip()) == 1
+    src = src.replace(row["line"].strip(), row["suggestion"].strip())
+    namespace = dict(vars(planted))
+    exec(compile(src, planted.__file__, "exec"), namespace)
+    fixed_cls = type(f"Fixed{cls.__name__}", (cls,), {"between": namespace["between"]})
+    torch.manual_seed(0)
+    fmt = CL if len(shape) == 4 else CL3
+    return fixed_cls().to(memory_format=fmt)
+
+
+@pytest.mark.parametrize("name", ["explicit_contiguous", "mixed_cat", "channels_last_3d", "user_restore"])
+def test_applying_the_source_fix_leaves_no_hotspot_and_the_same_output(fixes, name):
+    before_model, x = make(name)
+    fixed = _apply_source_fix(name, fixes[name][1].frame.iloc[0])
+    torch.testing.assert_close(fixed(x), before_model(x))
+    after = auditor.audit(fixed, x)
+    assert forward_hotspots(after).empty
+    assert after.hotspots().empty
+
+
+@pytest.mark.parametrize("name", ["softmax", "reshape_copy"])
+def test_applying_swap_and_region_fixes_in_place(fixes, name):
+    model, x = make(name)
+    ref = model(x)
+    params = [id(p) for p in model.parameters()]
+    done = fixes[name][1].apply(model)
+    assert done["applied"].all()
+    torch.testing.assert_close(model(x), ref)
+    assert forward_hotspots(auditor.audit(model, x)).empty
+    assert [id(p) for p in model.parameters()] == params
+
+
+def test_swap_suggestion_is_code_for_the_module(fixes):
+    row = fixes["softmax"][1].frame.iloc[0]
+    assert row["module"] == "mid" and row["module_type"] == "Softmax"
+    assert row["suggestion"] == "model.mid = auditor.fix.SoftmaxKeepFormat.from_module(model.mid)"
+
+
+def test_region_fix_names_the_convolutions_around_the_break(fixes):
+    row = fixes["reshape_copy"][1].frame.iloc[0]
+    assert row["region"] == ("conv1", "conv2")
+    assert row["suggestion"] == "auditor.fix.keep_contiguous(model, ['conv1', 'conv2'])"
+    assert "reshape" in row["detail"]
+
+
+def test_source_edit_without_record_source_says_how_to_get_the_line():
+    model, x = make("explicit_contiguous")
+    f = fix.suggest_fixes(auditor.audit(model, x))
+    row = f.frame.iloc[0]
+    assert row["action"] == fix.EDIT and row["source"] == "" and "record_source=True" in row["detail"]
+
+
+def test_edit_apply_reports_manual_work(fixes):
+    model, _ = make("explicit_contiguous")
+    done = fixes["explicit_contiguous"][1].apply(model)
+    assert not done["applied"].any() and "by hand" in done.loc[0, "detail"]
+
+
+class Shuffle(nn.Module):
+    """A channel shuffle written the classic way, between two convolutions."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        y = self.conv1(x)
+        n, c, h, w = y.shape
+        y = torch.transpose(y.view(n, 2, c // 2, h, w), 1, 2).contiguous().view(n, c, h, w)
+        return self.conv2(y)
+
+
+def test_a_channel_shuffle_in_user_code_gets_one_fix_for_every_hotspot():
+    torch.manual_seed(0)
+    model, x = fix.to_channels_last(Shuffle(), torch.randn(2, 3, 6, 6))
+    a = auditor.audit(model, x, record_source=True)
+    f = fix.suggest_fixes(a)
+    assert len(f) == 1 and len(f.hotspots) == len(a.hotspots()) >= 3
+    row = f.frame.iloc[0]
+    assert row["action"] == fix.EDIT and "channel_shuffle" in row["suggestion"]
+    assert "transpose" in row["line"] and row["bytes"] == a.hotspots()["bytes"].sum()
+
+
+def test_torchvision_channel_shuffle_gets_a_function_swap_that_removes_every_hotspot(monkeypatch):
+    import torchvision
+    from torchvision.models import shufflenetv2
+
+    torch.manual_seed(0)
+    model, x = fix.to_channels_last(torchvision.models.shufflenet_v2_x0_5().eval(), torch.randn(1, 3, 32, 32))
+    a = auditor.audit(model, x, record_source=True)
+    f = fix.suggest_fixes(a)
+    assert len(f) == 1 and len(f.hotspots) == len(a.hotspots()) > 20
+    row = f.frame.iloc[0]
+    assert row["action"] == fix.FUNCTION
+    assert row["suggestion"] == "torchvision.models.shufflenetv2.channel_shuffle = torch.nn.functional.channel_shuffle"
+    ref = model(x)
+    monkeypatch.setattr(shufflenetv2, "channel_shuffle", torch.nn.functional.channel_shuffle)
+    torch.testing.assert_close(model(x), ref)
+    assert auditor.audit(model, x).hotspots().empty
+
+
+def test_suggest_fixes_rejects_what_is_not_an_audit():
+    with pytest.raises(TypeError, match="Audit"):
+        fix.suggest_fixes(pd.DataFrame())
+
+
+def test_module_expr_spells_sequential_indices():
+    assert fix.module_expr("layer1.0.conv2") == "model.layer1[0].conv2"
+    assert fix.module_expr("<root>") == "model"
+
+
+# -- layout plans --------------------------------------------------------------------------------
+
+
+class Small(nn.Module):
+    """A stem, a grouped convolution, a softmax break and a residual add: every plan edge kind."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 16, 3, padding=1)
+        self.bn = nn.BatchNorm2d(16)
+        self.grouped = nn.Conv2d(16, 16, 3, padding=1, groups=4)
+        self.mid = nn.Softmax(dim=1)
+        self.conv = nn.Conv2d(16, 16, 1)
+        self.head = nn.Conv2d(16, 4, 1)
+
+    def forward(self, x):
+        y = torch.relu(self.bn(self.stem(x)))
+        z = self.conv(self.mid(self.grouped(y)))
+        return self.head(z + y).mean((2, 3))
+
+
+@pytest.fixture
+def fast_measurements(monkeypatch):
+    monkeypatch.setattr(plan, "SAMPLE_US", 500.0)
+    monkeypatch.setattr(plan, "MODEL_SAMPLE_US", 1000.0)
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_plan_layout_reasons_and_apply_plan_keep_outputs_and_inputs(fast_measurements, train):
+    torch.manual_seed(0)
+    model = Small()
+    x = torch.randn(2, 3, 12, 12)  # a plain contiguous batch
+    ref = model.eval()(x) if not train else None
+    model.train(train)
+    state = copy.deepcopy(model.state_dict())
+    p = plan.plan_layout(model, x, train=train, repeats=2, recordings=1)
+    for k, v in model.state_dict().items():  # planning runs on copies
+        assert torch.equal(v, state[k]), k
+    assert set(p.formats) == {"stem", "grouped", "conv", "head"}
+    assert set(p.formats.values()) <= {"contiguous", "channels_last"}
+    c = p.convs.set_index("module")
+    assert list(p.convs.columns) == plan.CONV_COLUMNS
+    assert c.at["grouped", "groups"] == 4 and c.at["grouped", "input_shape"] == (2, 16, 12, 12)
+    assert (p.convs[["conv_contiguous_us", "conv_channels_last_us"]] > 0).all().all()
+    assert list(p.candidates["candidate"]) == ["planned", "all contiguous", "all channels_last"]
+    assert p.candidates["chosen"].sum() == 1 and p.chosen in set(p.candidates["candidate"])
+    assert {"conv input", "peer operand"} <= set(p.conversions["kind"])
+    assert "Layout plan" in str(p)
+
+    params = [id(p) for p in model.parameters()]
+    applied = plan.apply_plan(model, p)
+    assert [id(p) for p in model.parameters()] == params
+    assert applied.allclose and applied.max_abs_diff < 1e-4
+    hs = applied.hotspots.set_index("phase")
+    assert list(hs.columns) == ["groups_before", "bytes_before", "groups_after", "bytes_after"]
+    assert hs.at["forward", "bytes_before"] > 0  # the softmax break in channels_last
+    assert "hotspot bytes" in str(applied)
+    if ref is not None:
+        torch.testing.assert_close(model.eval()(x), ref, rtol=1e-4, atol=1e-5)
+
+
+def test_a_forced_mixed_plan_converts_at_region_borders(fast_measurements):
+    torch.manual_seed(0)
+    model = Small().eval()
+    x = torch.randn(2, 3, 12, 12)
+    ref = model(x)
+    p = plan.plan_layout(model, x, repeats=1, recordings=1)
+    mixed = p.with_formats(stem="channels_last", grouped="contiguous", conv="channels_last", head="channels_last")
+    assert mixed.chosen == "by hand"
+    # the input arrives contiguous, grouped reads the stem's channels_last output, and conv reads
+    # the softmax's contiguous output: three conversions; head follows conv (its first operand)
+    assert mixed.converted_inputs == {"stem": "channels_last", "grouped": "contiguous", "conv": "channels_last"}
+    applied = plan.apply_plan(model, mixed)
+    assert applied.allclose
+    torch.testing.assert_close(model(x), ref, rtol=1e-4, atol=1e-5)
+    assert model.grouped.weight.is_contiguous() and model.stem.weight.is_contiguous(memory_format=CL)
+    # applying again replaces the hooks instead of stacking them
+    plan.apply_plan(model, mixed, check=False)
+    assert sum(isinstance(h, fix.InputFormat) for m in model.modules() for h in m._forward_pre_hooks.values()) == 3
+    with pytest.raises(ValueError, match="takes 'contiguous' or 'channels_last'"):
+        p.with_formats(stem="channels_last_3d")
+    with pytest.raises(ValueError, match="not a planned convolution"):
+        p.with_formats(mid="contiguous")
+
+
+def test_plan_layout_and_apply_plan_reject_bad_input(fast_measurements):
+    with pytest.raises(TypeError, match="nn.Module"):
+        plan.plan_layout(lambda x: x, torch.randn(1, 3, 4, 4))
+    with pytest.raises(ValueError, match="inputs"):
+        plan.plan_layout(Small())
+    with pytest.raises(TypeError, match="LayoutPlan"):
+        plan.apply_plan(Small(), {"stem": "channels_last"})
+    p = plan.plan_layout(Small().eval(), torch.randn(1, 3, 6, 6), repeats=1, recordings=1)
+    with pytest.raises(ValueError, match="not a convolution of this model"):
+        plan.apply_plan(nn.Sequential(nn.Conv2d(3, 3, 1)), p)
