@@ -148,6 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", default="channels_last", help=f"one of {', '.join(FORMATS)}")
     p.add_argument("--dtype", default="float32", help=f"one of {', '.join(DTYPES)}")
     p.add_argument("--no-backward", action="store_true", help="audit the forward pass only")
+    p.add_argument("--device", default=None, help="target device, e.g. cpu or cuda (real runs: where to run)")
+    p.add_argument("--fake", action="store_true",
+                   help="run on fake tensors: the target's layout rules without its memory or compute")
     p.add_argument("--depth", type=int, default=1, help="module depth of the summary and heatmap")
     p.add_argument("--out", default=None, help="directory for the CSV, PNG and report files")
     p.add_argument("--record-source", action="store_true", help="record the source line of each op")
@@ -167,6 +170,15 @@ def run(args: argparse.Namespace) -> int:
     if args.depth < 1:
         raise UsageError(f"--depth must be at least 1, got {args.depth}")
     shape = parse_input(args.input) if args.input else None
+    if args.device is not None:
+        try:
+            device = torch.device(args.device)
+        except (RuntimeError, ValueError):
+            raise UsageError(f"unknown --device {args.device!r}; use e.g. cpu or cuda") from None
+        if not args.fake and device.type == "cuda" and not torch.cuda.is_available():
+            raise UsageError("--device cuda needs a GPU; add --fake to audit for cuda without one")
+    else:
+        device = None
     out = _prepare_out(args.out)
     dtype = getattr(torch, args.dtype)
     memory_format = {"channels_last": torch.channels_last, "channels_last_3d": torch.channels_last_3d,
@@ -184,11 +196,19 @@ def run(args: argparse.Namespace) -> int:
         if memory_format is not torch.contiguous_format and len(dims) != (4 if args.format == "channels_last" else 5):
             raise UsageError(f"--format {args.format} needs a {4 if args.format == 'channels_last' else 5}-D --input, got {len(dims)}-D")
         torch.manual_seed(0)
-        model = model.to(dtype=dtype, memory_format=memory_format)
-        x = torch.randn(*dims, dtype=dtype).to(memory_format=memory_format)
+        if args.fake:
+            # parameters stay where they are; the fake audit moves fakes of them to the target
+            model = model.to(memory_format=memory_format)
+            x = torch.empty(*dims, device="meta").to(memory_format=memory_format)
+            run_on = {"fake": True, "device": device or "cpu", "dtype": dtype}
+        else:
+            model = model.to(device=device, dtype=dtype, memory_format=memory_format)
+            x = torch.randn(*dims, dtype=dtype, device=device).to(memory_format=memory_format)
+            run_on = {}
         progress.advance(f"{name}: recording")
         try:
-            audit = auditor.audit(model, x, backward=not args.no_backward, record_source=args.record_source)
+            audit = auditor.audit(model, x, backward=not args.no_backward, record_source=args.record_source,
+                                  **run_on)
         except auditor.FormatLossError:
             raise
         except (RuntimeError, ValueError, TypeError) as exc:
@@ -196,7 +216,8 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"{spec} failed on input {','.join(map(str, dims))} {args.dtype}: {first}") from None
         progress.advance(f"{name}: analysing")
         report = audit.report(top=args.top, depth=args.depth)
-        title = f"== {spec}  input {'x'.join(map(str, dims))} {args.dtype} {args.format}" + (
+        target = f" {'fake ' if args.fake else ''}{device or 'cpu'}"
+        title = f"== {spec}  input {'x'.join(map(str, dims))} {args.dtype} {args.format}{target}" + (
             "" if not args.no_backward else "  (forward only)"
         )
         if out is not None:

@@ -79,6 +79,18 @@ def _op_info(func) -> _OpInfo:
     return info
 
 
+#: ``_RecorderMode._param_types`` value for a tensor subclass whose instances say themselves
+#: whether they are parameters: ``nn.Parameter(t)`` of a subclass (a ``FakeTensor`` in a fake
+#: audit) keeps the subclass's type and sets ``_is_param``.
+_BY_INSTANCE = object()
+
+
+def _param_kind(cls: type):
+    if issubclass(cls, torch.nn.Parameter):
+        return True
+    return False if cls is torch.Tensor else _BY_INSTANCE
+
+
 class _Ref(weakref.ref):
     __slots__ = ("key", "uid")
 
@@ -267,7 +279,9 @@ class _RecorderMode(TorchDispatchMode):
             if isinstance(a, torch.Tensor):
                 is_param = params.get(type(a))
                 if is_param is None:
-                    is_param = params[type(a)] = issubclass(type(a), torch.nn.Parameter)
+                    is_param = params[type(a)] = _param_kind(type(a))
+                if is_param is _BY_INSTANCE:
+                    is_param = getattr(a, "_is_param", False)
                 append((seq, INPUT, i, -1, names[i], uid(a), a.shape, a.stride(),
                         a.storage_offset(), a.dtype, a.device, is_param, False))
             elif type(a) in (list, tuple):
@@ -275,7 +289,9 @@ class _RecorderMode(TorchDispatchMode):
                     if isinstance(x, torch.Tensor):
                         is_param = params.get(type(x))
                         if is_param is None:
-                            is_param = params[type(x)] = issubclass(type(x), torch.nn.Parameter)
+                            is_param = params[type(x)] = _param_kind(type(x))
+                        if is_param is _BY_INSTANCE:
+                            is_param = getattr(x, "_is_param", False)
                         append((seq, INPUT, i, j, names[i], uid(x), x.shape, x.stride(),
                                 x.storage_offset(), x.dtype, x.device, is_param, False))
         if kwargs:

@@ -91,6 +91,30 @@ def test_bad_input_is_one_line_and_exit_2(models_file, capsys, args, message):
     assert "Traceback" not in err
 
 
+def test_fake_audit_for_cuda_without_a_gpu(models_file, tmp_path, capsys):
+    out = tmp_path / "out"
+    argv = [f"{models_file}:small", "--input", "64,3,16,16", "--fake", "--device", "cuda", "--dtype", "float16", "--out", str(out)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "float16 channels_last fake cuda" in printed and "aten._softmax.default" in printed
+    a = auditor.Audit.read_csv(out / "events.csv")
+    assert set(a.tensors["device"].astype(str)) == {"cuda:0"}
+    assert "float16" in set(a.tensors["dtype"].astype(str))
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--device", "nowhere"], "unknown --device 'nowhere'"),
+        pytest.param(["--device", "cuda"], "add --fake", marks=pytest.mark.skipif(
+            __import__("torch").cuda.is_available(), reason="this machine has a GPU")),
+    ],
+)
+def test_bad_device(models_file, capsys, args, message):
+    assert main([f"{models_file}:small", "--input", "1,3,8,8", *args]) == 2
+    assert message in capsys.readouterr().err
+
+
 def test_unwritable_out(models_file, tmp_path, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("")

@@ -207,8 +207,6 @@ def test_planted_models_fake_equals_real(name):
     assert fid.layout == fid.events
 
 
-@pytest.mark.xfail(strict=True, reason="the recorder tests Parameter by type; a fake one is a "
-                   "FakeTensor marked _is_param (recorder patch proposed)")
 def test_fake_parameters_are_logged_as_parameters():
     model, x = make("clean")
     fake = auditor.audit(model, x, fake=True)
