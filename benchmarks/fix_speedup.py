@@ -20,6 +20,13 @@ wall clock are printed too. The thread count also changes the kernels (at 1 thre
 stride-1 convolution with a small batch runs ``_slow_conv2d`` instead of oneDNN), one more reason
 to measure rather than guess. The load average is printed before and after.
 
+Memory: glibc by default gives freed memory back to the OS and maps it afresh, so whichever
+variant's tensors land on the wrong side of its thresholds page-faults its activations every
+step (measured: 29,000 minor faults and 20-30% more time per convnext_tiny training step, for
+one of three identically laid-out copies). ``auditor.plan.steady_malloc()`` is called first;
+the ``faults`` column shows minor page faults per step (c/cl/p), which should be 0;
+``--no-steady-malloc`` shows the artifact.
+
     python benchmarks/fix_speedup.py                 # the six models, a few minutes
     python benchmarks/fix_speedup.py --models planted_resnet18 --repeats 3
 """
@@ -146,6 +153,7 @@ def bench_model(name: str, args) -> list[dict]:
             "model": name, "mode": mode, **{f"{k}_ms": v / 1e3 for k, v in t.items()},
             "cl_speedup": t["contiguous"] / t["channels_last"], "planned_vs_best": best / t["planned"],
             "spread": timed[f"{args.clock}_spread"].max(), "chosen": p.chosen,
+            "faults": "/".join(f"{timed.at[k, 'faults']:.0f}" for k in ("contiguous", "channels_last", "planned")),
             "wall_vs_best": min(wall["contiguous"], wall["channels_last"]) / wall["planned"],
             **{f"{k}_wall_ms": v / 1e3 for k, v in wall.items()},
             "plan": f"{len(p.formats) - n_contig} cl / {n_contig} contig, {len(p.converted_inputs)} conv.",
@@ -206,14 +214,17 @@ def main(argv=None) -> int:
     ap.add_argument("--clock", choices=["cpu", "wall"], default=None,
                     help="default: cpu time at 1 thread, wall time otherwise (see auditor.plan.default_clock)")
     ap.add_argument("--verbose", action="store_true", help="print each plan")
+    ap.add_argument("--no-steady-malloc", dest="steady_malloc", action="store_false",
+                    help="leave glibc's trim and mmap thresholds alone (page faults then vary by variant)")
     args = ap.parse_args(argv)
+    steady = plan.steady_malloc() if args.steady_malloc else False
     torch.set_num_threads(args.threads)
     args.clock = args.clock or plan.default_clock()
     start = time.perf_counter()
     load0 = os.getloadavg()
     print(f"torch {torch.__version__}, torchvision {torchvision.__version__}, {args.threads} thread(s) of "
           f"{os.cpu_count()} cores, batch {args.batch}x3x{args.size}x{args.size}, float32, {args.repeats} repeats, "
-          f"{args.clock} time; "
+          f"{args.clock} time, steady malloc {'on' if steady else 'off'}; "
           f"load average {load0[0]:.2f} at start")
     rows = []
     for name in args.models:
@@ -224,13 +235,13 @@ def main(argv=None) -> int:
     print(f"Median {args.clock} time per step, measured interleaved; ratios are speed ratios (higher is faster).")
     print()
     print("| model | mode | contiguous ms | channels_last ms | planned ms | channels_last speedup | "
-          "planned vs best | spread | plan chose | plan | hotspot bytes cl -> planned | >= 0.97 |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---|---|---|---|")
+          "planned vs best | spread | faults c/cl/p | plan chose | plan | hotspot bytes cl -> planned | >= 0.97 |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---|---|---|---|---|")
     for r in rows:
         ok = "PASS" if r["planned_vs_best"] >= 0.97 else "FAIL"
         print(f"| {r['model']} | {r['mode']} | {r['contiguous_ms']:.1f} | {r['channels_last_ms']:.1f} | "
               f"{r['planned_ms']:.1f} | {r['cl_speedup']:.2f}x | {r['planned_vs_best']:.3f}x | "
-              f"±{r['spread'] / 2:.0%} | {r['chosen']} | {r['plan']} | "
+              f"±{r['spread'] / 2:.0%} | {r['faults']} | {r['chosen']} | {r['plan']} | "
               f"{r['hot_before']} -> {r['hot_after']} | {ok} |")
     if args.clock != "wall":
         print()
@@ -243,12 +254,13 @@ def main(argv=None) -> int:
                   f"{r['planned_wall_ms']:.1f} | {r['wall_vs_best']:.3f}x |")
     print()
     never_slower = all(r["planned_vs_best"] >= 0.97 for r in rows)
-    faster = sorted({r["model"] for r in rows if r["planned_vs_best"] > 1.0})
+    # only a mixed layout can beat both: a uniform plan is one of the two baselines again
+    faster = sorted({r["model"] for r in rows if r["chosen"] == "planned" and r["planned_vs_best"] > 1.0})
     outputs_ok = all(r["allclose"] for r in rows)
     print(f"Target 1, planned >= 0.97x the better of the two on every model and mode: "
           f"{'PASS' if never_slower else 'FAIL'} (worst {min(r['planned_vs_best'] for r in rows):.3f}x)")
-    print(f"Target 2, planned faster than both on >= 2 models: {'PASS' if len(faster) >= 2 else 'FAIL'} "
-          f"({len(faster)}: {', '.join(faster) or 'none'})")
+    print(f"Target 2, planned faster than both on >= 2 models (counting mixed layouts only): "
+          f"{'PASS' if len(faster) >= 2 else 'FAIL'} ({len(faster)}: {', '.join(faster) or 'none'})")
     if planted is not None:
         ok = planted["forward_hotspots_after"] == 0 and planted["allclose"] and planted["edit_matches"]
         print(f"Target 3, planted-break model after the suggested fixes: {'PASS' if ok else 'FAIL'} "

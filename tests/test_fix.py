@@ -478,3 +478,12 @@ def test_plan_layout_and_apply_plan_reject_bad_input(fast_measurements):
     p = plan.plan_layout(Small().eval(), torch.randn(1, 3, 6, 6), repeats=1, recordings=1)
     with pytest.raises(ValueError, match="not a convolution of this model"):
         plan.apply_plan(nn.Sequential(nn.Conv2d(3, 3, 1)), p)
+
+
+def test_time_interleaved_reports_both_clocks_spread_and_page_faults():
+    t = plan.time_interleaved({"a": lambda: sum(range(100)), "b": lambda: sum(range(200))}, 3, min_sample_us=100)
+    assert list(t.index) == ["a", "b"]
+    assert {"wall_us", "cpu_us", "wall_spread", "cpu_spread", "faults"} <= set(t.columns)
+    assert (t[["wall_us", "cpu_us"]] > 0).all().all()
+    assert isinstance(plan.steady_malloc(), bool)
+    assert plan.default_clock("cpu") in ("cpu", "wall")
