@@ -27,6 +27,8 @@ bench: $(STAMP)
 	$(PY) benchmarks/overhead.py
 	$(PY) benchmarks/zoo.py
 	$(PY) benchmarks/scale.py
+	$(PY) benchmarks/fake_scale.py
+	$(PY) benchmarks/fix_speedup.py
 
 clean:
 	rm -rf $(VENV) audit_out .pytest_cache
