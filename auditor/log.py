@@ -19,7 +19,7 @@ from .recorder import PHASES, ROLES, RawLog, module_names
 #: column -> dtype of ``Audit.events``. "category" columns list their categories below when
 #: the vocabulary is fixed; free categoricals take their sorted distinct values.
 EVENT_COLUMNS: dict[str, str] = {
-    "seq": "int64",
+    "seq": "int32",
     "op": "category",
     "phase": "category",
     "module": "category",
@@ -35,12 +35,12 @@ EVENT_COLUMNS: dict[str, str] = {
 
 #: column -> dtype of ``Audit.tensors``.
 TENSOR_COLUMNS: dict[str, str] = {
-    "seq": "int64",
+    "seq": "int32",
     "role": "category",
     "position": "int16",
     "item": "int16",
     "arg": "category",
-    "tid": "int64",
+    "tid": "int32",
     "ndim": "int8",
     "shape": "category",
     "strides": "category",
@@ -82,7 +82,7 @@ def build_frames(raw: RawLog) -> tuple[pd.DataFrame, pd.DataFrame]:
     mod_map = module_names(dict.fromkeys(modules), raw.module_types)
 
     rows = raw.tensors
-    seq = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+    seq = np.fromiter((r[0] for r in rows), dtype=np.int32, count=len(rows))
     role = np.fromiter((r[1] for r in rows), dtype=np.int8, count=len(rows))
     shapes = [tuple(r[6]) for r in rows]
     strides = [tuple(r[7]) for r in rows]
@@ -101,7 +101,7 @@ def build_frames(raw: RawLog) -> tuple[pd.DataFrame, pd.DataFrame]:
             "position": np.fromiter((r[2] for r in rows), dtype=np.int16, count=len(rows)),
             "item": np.fromiter((r[3] for r in rows), dtype=np.int16, count=len(rows)),
             "arg": _categorical([r[4] for r in rows], "arg"),
-            "tid": np.fromiter((r[5] for r in rows), dtype=np.int64, count=len(rows)),
+            "tid": np.fromiter((r[5] for r in rows), dtype=np.int32, count=len(rows)),
             "ndim": np.fromiter((len(s) for s in shapes), dtype=np.int8, count=len(rows)),
             "shape": _categorical([str(s) for s in shapes], "shape"),
             "strides": _categorical([str(s) for s in strides], "strides"),
@@ -124,7 +124,7 @@ def build_frames(raw: RawLog) -> tuple[pd.DataFrame, pd.DataFrame]:
             target[s] = label
     events = pd.DataFrame(
         {
-            "seq": np.arange(n, dtype=np.int64),
+            "seq": np.arange(n, dtype=np.int32),
             "op": _categorical([op_names[f] for f in funcs], "op"),
             "phase": pd.Categorical.from_codes(np.asarray(phases, dtype=np.int8), categories=list(PHASES)),
             "module": _categorical([mod_map[m][0] for m in modules], "module"),

@@ -2,7 +2,8 @@
 
 This is the hot path (one call per aten op), so it only appends tuples of values that are
 cheap to read (sizes, strides, dtype, ...). Labels, bytes and DataFrames are built once, at
-the end, by :mod:`auditor.log`. Module attribution reuses torch's ``ModuleTracker``.
+the end, by :mod:`auditor.log`. Module attribution reuses torch's ``ModuleTracker`` in forward
+and labels autograd nodes for backward.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from dataclasses import dataclass, field
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 from torch.utils.module_tracker import ModuleTracker
 
 from . import rules
@@ -33,7 +33,15 @@ ROOT_MODULE = "<root>"
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _AUDITOR_DIR = os.path.dirname(__file__) + os.sep
-_SOURCE_KEY = "auditor_source"
+#: Key of the (module, source line) label the recorder puts on autograd nodes in forward.
+_LABEL_KEY = "auditor_label"
+
+_Tensor = torch.Tensor
+_weakref = weakref.ref
+_graph_task_id = torch._C._current_graph_task_id
+_current_node = torch._C._current_autograd_node
+_is_grad_enabled = torch.is_grad_enabled
+_perf_counter_ns = time.perf_counter_ns
 
 
 class FormatLossError(RuntimeError):
@@ -49,6 +57,7 @@ class _OpInfo:
     view_outputs: tuple[bool, ...]  # result i aliases an input without moving data
     memory_format_index: int  # position of a memory_format argument, or -1
     list_return: bool  # the op returns one Tensor[] (split, chunk, unbind)
+    tensor_args: tuple[int, ...]  # positions that can hold a tensor or a list of them
 
 
 #: Wrappers whose ``module`` child is the user's model: their names are dropped from fqns.
@@ -71,9 +80,11 @@ def _op_info(func) -> _OpInfo:
             # changes (as_strided_, squeeze_, ...) that move no data
             views = (True,) * max(1, len(schema.returns))
         list_return = len(schema.returns) == 1 and str(schema.returns[0].type) == "List[Tensor]"
+        tensor_args = tuple(i for i, a in enumerate(schema.arguments) if "Tensor" in str(a.type))
         info = _OpInfo(
             str(func), names, views,
             names.index("memory_format") if "memory_format" in names else -1, list_return,
+            tensor_args,
         )
         _OP_INFO[func] = info
     return info
@@ -127,83 +138,46 @@ class _TensorIds:
 
 
 class _Tracker(ModuleTracker):
-    """torch's ModuleTracker, plus the innermost module kept current at each of its hooks.
+    """torch's ModuleTracker for the forward pass (its module names, its global forward hooks),
+    with the innermost running module kept in ``current`` for the recorder to read per op.
 
-    ``parents`` is an unordered set, and in backward it can hold modules whose gradients are
-    still pending on another branch (a ResNet downsample, say). The most recently entered module
-    that is still open is the one running, so a stack of entries beside the set gives
-    ``current`` at no cost per op. Modules entered by one event (a parent and the child that
-    produced the parent's output) are ordered parent below child.
+    Its backward mechanism is not used: two multi-grad hooks per module call were most of the
+    cost of recording, and they can only guess which module a backward op belongs to. Instead
+    the recorder labels each autograd node with the module that created it in forward and reads
+    the label back in backward (see ``_RecorderMode._backward_label``).
     """
 
     def __init__(self):
         super().__init__()
         self.current = "Global"
         self.types: dict[str, str] = {}
+        self.param_modules: dict = {}  # parameter -> module name, for AccumulateGrad nodes
         self._stack: list[str] = []
-        self._ops_at_entry: list[int] = []
-        self.op_count = None  # set by the recorder: a callable giving the ops recorded so far
-
-    def _get_append_fn(self, name, is_bw):
-        fn = super()._get_append_fn(name, is_bw)
-        stack = self._stack
-
-        prefix = name + "."
-
-        def append(*args):
-            fn(*args)
-            # an enclosing module whose hook fires after its child's (they share an output
-            # tensor) goes below the child: the child is the one running
-            i = len(stack)
-            while i and stack[i - 1].startswith(prefix):
-                i -= 1
-            stack.insert(i, name)
-            self.current = stack[-1]
-
-        return append
-
-    def _get_pop_fn(self, name, is_bw):
-        fn = super()._get_pop_fn(name, is_bw)
-        stack = self._stack
-
-        def pop(*args):
-            fn(*args)
-            for i in range(len(stack) - 1, -1, -1):
-                if stack[i] == name:
-                    del stack[i]
-                    break
-            self.current = stack[-1] if stack else "Global"
-
-        return pop
-
-    def _maybe_set_engine_callback(self):
-        if self._has_callback:
-            return
-
-        def callback():
-            self.parents = {"Global"}
-            self._stack.clear()
-            self.current = "Global"
-            self._has_callback = False
-
-        torch.autograd.Variable._execution_engine.queue_callback(callback)
-        self._has_callback = True
 
     def _fw_pre_hook(self, mod, input):
-        super()._fw_pre_hook(mod, input)
-        self._ops_at_entry.append(self.op_count() if self.op_count else -1)
-        name = self._known_modules.get(mod)
-        if name is not None and name not in self.types:
+        name = self._get_mod_name(mod)
+        if name not in self.types:
             self.types[name] = type(mod).__name__
+            for p in mod.parameters(recurse=False):
+                self.param_modules.setdefault(id(p), name)
+        self.parents.add(name)
+        self._stack.append(name)
+        self.current = name
 
     def _fw_post_hook(self, mod, input, output):
-        start = self._ops_at_entry.pop() if self._ops_at_entry else -1
-        if start >= 0 and start == self.op_count() and _passes_through(input, output):
-            # nn.Identity and the like: no op ran, the output is the input. A backward hook on
-            # that tensor would open the module around its neighbours' backward ops.
-            self._get_pop_fn(self._get_mod_name(mod), False)()
-            return
-        super()._fw_post_hook(mod, input, output)
+        name = self._get_mod_name(mod)
+        stack = self._stack
+        for i in range(len(stack) - 1, -1, -1):
+            if stack[i] == name:
+                del stack[i]
+                break
+        if name not in stack:
+            self.parents.discard(name)
+        self.current = stack[-1] if stack else "Global"
+
+    def __exit__(self, *args):
+        super().__exit__(*args)
+        self.param_modules = {}
 
 
 def module_names(tracker_names: Iterable[str], types: dict[str, str]):
@@ -233,13 +207,6 @@ def module_names(tracker_names: Iterable[str], types: dict[str, str]):
     return mapping
 
 
-def _passes_through(inputs, outputs) -> bool:
-    """Every tensor the module returned is one of the tensors it was given."""
-    given = {id(t) for t in tree_leaves(inputs) if isinstance(t, torch.Tensor)}
-    returned = [t for t in tree_leaves(outputs) if isinstance(t, torch.Tensor)]
-    return bool(returned) and all(id(t) in given for t in returned)
-
-
 def _is_internal(filename: str) -> bool:
     return filename.startswith((_TORCH_DIR, _AUDITOR_DIR)) or filename.startswith("<frozen")
 
@@ -251,79 +218,81 @@ class _RecorderMode(TorchDispatchMode):
         super().__init__()
         self.tracker = tracker
         self.strict = strict
-        self.events: list[tuple] = []
-        tracker.op_count = self.events.__len__
         self.record_source = record_source
         self.record_time = record_time
+        self.events: list[tuple] = []
         self.tensors: list[tuple] = []
         self.optimizer_depth = 0
         self._uid = _TensorIds()
-        self._param_types: dict[type, bool] = {}
+        self._param_types: dict[type, object] = {}
         self._internal_code: dict = {}
-        self._pending_source: tuple | None = None
+        # forward results whose autograd node is not set yet: (weakref, label, tries)
+        self._pending: list[tuple] = []
 
     # -- hot path ---------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if kwargs is None:
-            kwargs = {}
         info = _OP_INFO.get(func) or _op_info(func)
+        if self._pending:
+            self._label_nodes()
         seq = len(self.events)
         tensors = self.tensors
         first = len(tensors)
         append = tensors.append
         uid = self._uid
-        params = self._param_types
         names = info.arg_names
+        nargs = len(args)
         # inputs are read before the call: in-place metadata ops (as_strided_, ...) change them
-        for i, a in enumerate(args):
-            if isinstance(a, torch.Tensor):
-                is_param = params.get(type(a))
-                if is_param is None:
-                    is_param = params[type(a)] = _param_kind(type(a))
-                if is_param is _BY_INSTANCE:
-                    is_param = getattr(a, "_is_param", False)
-                append((seq, INPUT, i, -1, names[i], uid(a), a.shape, a.stride(),
-                        a.storage_offset(), a.dtype, a.device, is_param, False))
-            elif type(a) in (list, tuple):
+        for i in info.tensor_args:
+            if i >= nargs:
+                break
+            a = args[i]
+            if type(a) in (list, tuple):
                 for j, x in enumerate(a):
-                    if isinstance(x, torch.Tensor):
-                        is_param = params.get(type(x))
-                        if is_param is None:
-                            is_param = params[type(x)] = _param_kind(type(x))
-                        if is_param is _BY_INSTANCE:
-                            is_param = getattr(x, "_is_param", False)
+                    if isinstance(x, _Tensor):
                         append((seq, INPUT, i, j, names[i], uid(x), x.shape, x.stride(),
-                                x.storage_offset(), x.dtype, x.device, is_param, False))
+                                x.storage_offset(), x.dtype, x.device, self._is_param(x), False))
+            elif isinstance(a, _Tensor):
+                append((seq, INPUT, i, -1, names[i], uid(a), a.shape, a.stride(),
+                        a.storage_offset(), a.dtype, a.device,
+                        False if type(a) is _Tensor else self._is_param(a), False))
         if kwargs:
             for k, a in kwargs.items():
-                if isinstance(a, torch.Tensor):
+                if isinstance(a, _Tensor):
                     append((seq, INPUT, names.index(k) if k in names else -1, -1, k, uid(a), a.shape,
                             a.stride(), a.storage_offset(), a.dtype, a.device, False, False))
         try:
             if self.record_time:
-                start = time.perf_counter_ns()
-                out = func(*args, **kwargs)
-                duration = time.perf_counter_ns() - start
+                start = _perf_counter_ns()
+                out = func(*args, **kwargs) if kwargs else func(*args)
+                duration = _perf_counter_ns() - start
             else:
-                out = func(*args, **kwargs)
+                out = func(*args, **kwargs) if kwargs else func(*args)
                 duration = -1
         except BaseException:
             del tensors[first:]  # the op never happened: no rows for it
             raise
-        if torch._C._current_graph_task_id() != -1:
+        if _graph_task_id() != -1:
             phase = BACKWARD
+            module, source = self._backward_label()
         else:
             phase = OTHER if self.optimizer_depth else FORWARD
-        source = self._source(phase, out) if self.record_source else ""
+            module = self.tracker.current
+            source = self._user_line() if self.record_source else ""
+            if _is_grad_enabled():
+                result = out if isinstance(out, _Tensor) else (
+                    out[0] if type(out) in (list, tuple) and out and isinstance(out[0], _Tensor) else None
+                )
+                if result is not None:
+                    self._pending.append((_weakref(result), (module, source), 0))
         mf = info.memory_format_index
         requested = ""
         if mf >= 0:
-            fmt = kwargs.get("memory_format") if mf >= len(args) else args[mf]
+            fmt = (kwargs or {}).get("memory_format") if mf >= nargs else args[mf]
             if fmt is not None:
                 requested = str(fmt).replace("torch.", "")
-        self.events.append((func, phase, self.tracker.current, source, requested, duration))
+        self.events.append((func, phase, module, source, requested, duration))
         views = info.view_outputs
-        if isinstance(out, torch.Tensor):
+        if isinstance(out, _Tensor):
             append((seq, OUTPUT, 0, -1, "", uid(out), out.shape, out.stride(),
                     out.storage_offset(), out.dtype, out.device, False, views[0] if views else False))
         elif type(out) in (list, tuple):
@@ -334,32 +303,65 @@ class _RecorderMode(TorchDispatchMode):
                             o.storage_offset(), o.dtype, o.device, False, view))
             else:
                 for i, o in enumerate(out):
-                    if isinstance(o, torch.Tensor):
+                    if isinstance(o, _Tensor):
                         view = views[i] if i < len(views) else False
                         append((seq, OUTPUT, i, -1, "", uid(o), o.shape, o.stride(),
                                 o.storage_offset(), o.dtype, o.device, False, view))
                     elif type(o) in (list, tuple):
                         for j, x in enumerate(o):
-                            if isinstance(x, torch.Tensor):
+                            if isinstance(x, _Tensor):
                                 append((seq, OUTPUT, i, j, "", uid(x), x.shape, x.stride(),
                                         x.storage_offset(), x.dtype, x.device, False, False))
         if self.strict:
             self._check_strict(seq, info, tensors[first:])
         return out
 
-    # -- opt-in extras ----------------------------------------------------------------------
-    def _source(self, phase: int, out) -> str:
-        """The user's line: the first frame outside torch and auditor.
+    def _is_param(self, t) -> bool:
+        kind = self._param_types.get(type(t))
+        if kind is None:
+            kind = self._param_types[type(t)] = _param_kind(type(t))
+        return getattr(t, "_is_param", False) if kind is _BY_INSTANCE else kind
 
-        In backward there is no user frame; the line comes from the autograd node, on which
-        the forward op's line was stored (see ``_attach_pending``).
+    # -- module and source labels -----------------------------------------------------------
+    def _label_nodes(self) -> None:
+        """Put (module, source line) on the autograd nodes of recent forward results.
+
+        Autograd sets ``grad_fn`` after an op returns through this mode, so the label goes on
+        at the next op; a result still without a node is tried for a few more ops.
         """
-        self._attach_pending()
-        if phase == BACKWARD:
-            node = torch._C._current_autograd_node()
-            if node is None:
-                return ""
-            return node.metadata.get(_SOURCE_KEY, "")
+        keep = []
+        for ref, label, tries in self._pending:
+            t = ref()
+            if t is None:
+                continue
+            fn = t.grad_fn
+            if fn is None:
+                if tries < 3:
+                    keep.append((ref, label, tries + 1))
+                continue
+            meta = fn.metadata
+            if _LABEL_KEY not in meta:
+                meta[_LABEL_KEY] = label
+        self._pending = keep
+
+    def _backward_label(self) -> tuple[str, str]:
+        """The module and line of the forward op that created the node now running backward.
+
+        Gradient accumulation into a parameter (AccumulateGrad) belongs to the parameter's module.
+        """
+        node = _current_node()
+        if node is None:
+            return "Global", ""
+        meta = node.metadata
+        label = meta.get(_LABEL_KEY)
+        if label is None:
+            var = getattr(node, "variable", None)
+            owner = self.tracker.param_modules.get(id(var), "Global") if var is not None else "Global"
+            label = meta[_LABEL_KEY] = (owner, "")
+        return label
+
+    def _user_line(self) -> str:
+        """The user's line: the first frame outside torch and auditor."""
         frame = sys._getframe(2)
         internal = self._internal_code
         while frame is not None:
@@ -368,22 +370,9 @@ class _RecorderMode(TorchDispatchMode):
             if skip is None:
                 skip = internal[code] = _is_internal(code.co_filename)
             if not skip:
-                source = f"{code.co_filename}:{frame.f_lineno}"
-                # autograd attaches grad_fn after this op returns; label it on the next op
-                self._pending_source = (out, source)
-                return source
+                return f"{code.co_filename}:{frame.f_lineno}"
             frame = frame.f_back
         return ""
-
-    def _attach_pending(self) -> None:
-        pending, self._pending_source = self._pending_source, None
-        if pending is None:
-            return
-        out, source = pending
-        for t in out if isinstance(out, (list, tuple)) else (out,):
-            fn = getattr(t, "grad_fn", None) if isinstance(t, torch.Tensor) else None
-            if fn is not None and _SOURCE_KEY not in fn.metadata:
-                fn.metadata[_SOURCE_KEY] = source
 
     def _check_strict(self, seq: int, info: _OpInfo, rows: list[tuple]) -> None:
         sigs = tuple(tensor_sig(r) for r in rows)
@@ -407,7 +396,7 @@ class _RecorderMode(TorchDispatchMode):
     def release(self) -> None:
         """Drop every reference to user tensors once recording is over."""
         self._uid.clear()
-        self._pending_source = None
+        self._pending = []
 
 
 def tensor_sig(row: tuple) -> rules.TensorSig:

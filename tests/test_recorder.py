@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import gc
 import io
 
 import pandas as pd
@@ -49,6 +48,7 @@ def train_step(model, x, opt=None):
     return out
 
 
+@pytest.mark.parametrize("options", [{}, {"record_source": True, "record_time": True}], ids=["plain", "extras"])
 @pytest.mark.parametrize(
     "build",
     [
@@ -59,14 +59,14 @@ def train_step(model, x, opt=None):
     ],
     ids=["resnet18", "mobilenet_v3_small", "squeezenet1_1", "mixed_cat"],
 )
-def test_sees_exactly_the_ops_a_bare_mode_sees(build):
+def test_sees_exactly_the_ops_a_bare_mode_sees(build, options):
     model, x = build()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     train_step(model, x, opt)  # momentum buffers exist from now on: both runs see the same ops
     counter = CountingMode()
     with counter:
         train_step(model, x, opt)
-    with auditor.FormatAuditor() as fa:
+    with auditor.FormatAuditor(**options) as fa:
         train_step(model, x, opt)
     events = fa.audit.events
     assert len(events) == len(counter.ops)
@@ -210,8 +210,7 @@ def test_identity_survives_id_reuse():
         for i in range(200):
             t = torch.full((3,), float(i)) * 2
             ids.append(id(t))
-            del t
-            gc.collect()
+            del t  # freed at once (reference counting): its id() is free for the next tensor
     assert len(set(ids)) < len(ids), "CPython did not reuse an id; the test proves nothing"
     ts = fa.audit.tensors
     outs = ts[(ts["role"] == "output")]
