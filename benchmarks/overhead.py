@@ -1,6 +1,6 @@
 """What recording costs: one resnet50 training step under each recorder, interleaved.
 
-    .venv/bin/python benchmarks/overhead.py [--runs 11] [--threads N]
+    .venv/bin/python benchmarks/overhead.py [--runs 15] [--threads N] [--budget 150]
 
 The step is torchvision's resnet50 (random weights) on one 1x3x64x64 input, model and input in
 channels_last: forward, then ``out.sum().backward()``. Grads are set to None between runs,
@@ -15,6 +15,7 @@ outside the timed region. Variants:
 
 Every round runs every variant once, in an order rotated each round, so machine noise hits
 all variants alike; a variant's time is the median over the rounds, after warm-up rounds.
+Rounds stop early (never below 7) when the next one would pass ``--budget`` seconds.
 Two times are kept per run: ``step`` (inside the ``with`` block: what the recorded code
 feels) and ``total`` (including the context manager's exit, where FormatAuditor builds its
 DataFrames and the profiler parses its events).
@@ -45,6 +46,8 @@ from torch.utils._debug_mode import DebugMode
 MAX_RATIO_TO_BARE = 1.10
 MAX_BYTES_PER_EVENT = 200
 WARMUP_ROUNDS = 2
+MIN_RUNS = 7
+NOISY_IQR_PERCENT = 25
 
 
 class BareMode(TorchDispatchMode):
@@ -109,6 +112,12 @@ def timed(step, reset, factory) -> tuple[float, float, object]:
     return (t1 - t0) * 1e3, (t2 - t0) * 1e3, ctx
 
 
+def iqr_percent(values: list[float]) -> float:
+    """Interquartile range as a percentage of the median: how noisy a variant's runs were."""
+    q1, _, q3 = statistics.quantiles(values, n=4)
+    return 100.0 * (q3 - q1) / statistics.median(values)
+
+
 def bytes_per_event(fa) -> float:
     a = fa.audit
     size = a.events.memory_usage(deep=True).sum() + a.tensors.memory_usage(deep=True).sum()
@@ -117,11 +126,14 @@ def bytes_per_event(fa) -> float:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=11, help="timed rounds (at least 7)")
+    parser.add_argument("--runs", type=int, default=15, help="timed rounds (at least 7)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    parser.add_argument(
+        "--budget", type=float, default=150.0, help="seconds after which rounds stop (past 7)"
+    )
     args = parser.parse_args(argv)
-    if args.runs < 7:
-        parser.error("--runs must be at least 7")
+    if args.runs < MIN_RUNS:
+        parser.error(f"--runs must be at least {MIN_RUNS}")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
 
@@ -130,6 +142,7 @@ def main(argv=None) -> int:
     times: dict[str, tuple[list[float], list[float]]] = {n: ([], []) for n in names}
     last: dict[str, object] = {}
     start = time.perf_counter()
+    runs = 0
     for r in range(WARMUP_ROUNDS + args.runs):
         shift = r % len(names)
         for name in names[shift:] + names[:shift]:
@@ -138,7 +151,10 @@ def main(argv=None) -> int:
                 times[name][0].append(step_ms)
                 times[name][1].append(total_ms)
             last[name] = ctx
-    elapsed = time.perf_counter() - start
+        runs = max(0, r + 1 - WARMUP_ROUNDS)
+        elapsed = time.perf_counter() - start
+        if runs >= MIN_RUNS and elapsed * (r + 2) / (r + 1) > args.budget:
+            break
 
     reset()
     with CountMode() as counter:
@@ -149,30 +165,40 @@ def main(argv=None) -> int:
     bpe = bytes_per_event(fa)
 
     med = {n: (statistics.median(s), statistics.median(t)) for n, (s, t) in times.items()}
+    spread = {n: iqr_percent(s) for n, (s, _) in times.items()}
     plain, bare = med["plain"][0], med["bare mode"][0]
 
     print(
         f"resnet50, 1x3x64x64 channels_last, forward + backward; torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads; median of {args.runs} interleaved runs "
+        f"{torch.get_num_threads()} threads; median of {runs} interleaved runs "
         f"after {WARMUP_ROUNDS} warm-up rounds ({elapsed:.0f} s)"
     )
     print(f"aten ops per step: {n_ops} (FormatAuditor recorded {n_events} events)")
     print()
     print(
-        "| variant | step ms | total ms | step / plain | step / bare | total / bare "
+        "| variant | step ms | IQR | total ms | step / plain | step / bare | total / bare "
         "| µs/event (step) | µs/event (total) | bytes/event |"
     )
-    print("|---|--:|--:|--:|--:|--:|--:|--:|--:|")
+    print("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
     for name in names:
         s, t = med[name]
         b = f"{bpe:.0f}" if name == "FormatAuditor" else ""
         print(
-            f"| {name} | {s:.1f} | {t:.1f} | {s / plain:.2f} | {s / bare:.2f} | {t / bare:.2f} "
+            f"| {name} | {s:.1f} | {spread[name]:.0f}% | {t:.1f} | {s / plain:.2f} | {s / bare:.2f} "
+            f"| {t / bare:.2f} "
             f"| {(s - plain) * 1e3 / n_ops:.1f} | {(t - plain) * 1e3 / n_ops:.1f} | {b} |"
         )
     print()
     print("step = inside the `with` block; total = including its exit (FormatAuditor's")
-    print("DataFrames, the profiler's event parsing). µs/event = (time - plain step) / aten ops.")
+    print("DataFrames, the profiler's event parsing). IQR = interquartile range of the step")
+    print("times / median. µs/event = (time - plain step) / aten ops.")
+    noisy = [n for n in names if spread[n] > NOISY_IQR_PERCENT]
+    if noisy:
+        print(
+            f"WARNING: noisy runs (IQR > {NOISY_IQR_PERCENT}% for {', '.join(noisy)}): the machine is "
+            "busy. With as many intra-op threads as cores, a busy machine stalls every OpenMP "
+            "region; rerun when idle, or with --threads 1 (or OMP_WAIT_POLICY=PASSIVE)."
+        )
     print()
 
     fa_step, fa_total = med["FormatAuditor"]
