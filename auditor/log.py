@@ -72,63 +72,89 @@ def _categorical(values, name: str) -> pd.Categorical:
     return pd.Categorical(values, categories=list(cats))
 
 
+def _from_codes(unique_values: list, codes: np.ndarray, name: str) -> pd.Categorical:
+    """A categorical from per-row codes into ``unique_values``, with the schema's categories."""
+    cats = FIXED_CATEGORIES.get(name)
+    if cats is None:
+        cats = sorted(set(unique_values))
+    where = {c: i for i, c in enumerate(cats)}
+    remap = np.array([where[v] for v in unique_values] + [-1], dtype=np.int32)
+    return pd.Categorical.from_codes(remap[codes] if len(codes) else codes, categories=list(cats))
+
+
+def _factorize(values) -> tuple[list, np.ndarray]:
+    """Distinct values in first-seen order, and each value's code (hashing, no sorting)."""
+    index: dict = {}
+    codes = np.fromiter((index.setdefault(v, len(index)) for v in values), dtype=np.int64)
+    return list(index), codes
+
+
 def build_frames(raw: RawLog) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Raw tuples -> (events, tensors), the only place DataFrames are made from a recording."""
+    """Raw tuples -> (events, tensors), the only place DataFrames are made from a recording.
+
+    Columns are transposed once, and every per-layout quantity (label, bytes, the shape and
+    stride strings) is computed once per distinct (shape, strides, dtype), not once per row.
+    """
     n = len(raw.events)
     funcs, phases, modules, sources, requested, durations = (
         zip(*raw.events) if n else ((),) * 6
     )
-    op_names = {f: str(f) for f in set(funcs)}
     mod_map = module_names(dict.fromkeys(modules), raw.module_types)
 
     rows = raw.tensors
-    seq = np.fromiter((r[0] for r in rows), dtype=np.int32, count=len(rows))
-    role = np.fromiter((r[1] for r in rows), dtype=np.int8, count=len(rows))
-    shapes = [tuple(r[6]) for r in rows]
-    strides = [tuple(r[7]) for r in rows]
-    labels = [format_label(s, st) for s, st in zip(shapes, strides)]
-    itemsize = {}
-    dtype_names = {}
-    for r in rows:
-        if r[9] not in dtype_names:
-            dtype_names[r[9]] = str(r[9]).replace("torch.", "")
-            itemsize[r[9]] = r[9].itemsize
-    device_names = {d: str(d) for d in {r[10] for r in rows}}
+    m = len(rows)
+    (seq_c, role_c, pos_c, item_c, arg_c, tid_c, shape_c, stride_c, offset_c, dtype_c, device_c,
+     param_c, view_c) = zip(*rows) if m else ((),) * 13
+    seq = np.array(seq_c, dtype=np.int32)
+    role = np.array(role_c, dtype=np.int8)
+    layouts, layout = _factorize(zip(shape_c, stride_c, dtype_c))
+    u_shape = [tuple(sh) for sh, _, _ in layouts]
+    u_strides = [tuple(st) for _, st, _ in layouts]
+    u_label = [format_label(sh, st) for sh, st in zip(u_shape, u_strides)]
+    u_bytes = np.array([nbytes(sh, dt.itemsize) for sh, (_, _, dt) in zip(u_shape, layouts)] + [0], dtype=np.int64)
+    u_ndim = np.array([len(sh) for sh in u_shape] + [0], dtype=np.int8)
+    dtypes, dtype_code = _factorize(dtype_c)
+    devices, device_code = _factorize(device_c)
+    args, arg_code = _factorize(arg_c)
+    format_col = _from_codes(u_label, layout, "format")
     tensors = pd.DataFrame(
         {
             "seq": seq,
             "role": pd.Categorical.from_codes(role, categories=list(ROLES)),
-            "position": np.fromiter((r[2] for r in rows), dtype=np.int16, count=len(rows)),
-            "item": np.fromiter((r[3] for r in rows), dtype=np.int16, count=len(rows)),
-            "arg": _categorical([r[4] for r in rows], "arg"),
-            "tid": np.fromiter((r[5] for r in rows), dtype=np.int32, count=len(rows)),
-            "ndim": np.fromiter((len(s) for s in shapes), dtype=np.int8, count=len(rows)),
-            "shape": _categorical([str(s) for s in shapes], "shape"),
-            "strides": _categorical([str(s) for s in strides], "strides"),
-            "storage_offset": np.fromiter((r[8] for r in rows), dtype=np.int64, count=len(rows)),
-            "dtype": _categorical([dtype_names[r[9]] for r in rows], "dtype"),
-            "device": _categorical([device_names[r[10]] for r in rows], "device"),
-            "format": _categorical(labels, "format"),
-            "is_param": np.fromiter((r[11] for r in rows), dtype=bool, count=len(rows)),
-            "is_view": np.fromiter((r[12] for r in rows), dtype=bool, count=len(rows)),
-            "bytes": np.fromiter(
-                (nbytes(s, itemsize[r[9]]) for s, r in zip(shapes, rows)), dtype=np.int64, count=len(rows)
-            ),
+            "position": np.array(pos_c, dtype=np.int16),
+            "item": np.array(item_c, dtype=np.int16),
+            "arg": _from_codes(args, arg_code, "arg"),
+            "tid": np.array(tid_c, dtype=np.int32),
+            "ndim": u_ndim[layout],
+            "shape": _from_codes([str(sh) for sh in u_shape], layout, "shape"),
+            "strides": _from_codes([str(st) for st in u_strides], layout, "strides"),
+            "storage_offset": np.array(offset_c, dtype=np.int64),
+            "dtype": _from_codes([str(d).replace("torch.", "") for d in dtypes], dtype_code, "dtype"),
+            "device": _from_codes([str(d) for d in devices], device_code, "device"),
+            "format": format_col,
+            "is_param": np.array(param_c, dtype=bool),
+            "is_view": np.array(view_c, dtype=bool),
+            "bytes": u_bytes[layout],
         }
     )
-    in_format = [""] * n
-    out_format = [""] * n
-    for s, r, label in zip(seq.tolist(), role.tolist(), labels):
-        target = in_format if r == 0 else out_format
-        if target[s] == "":
-            target[s] = label
+    # the label of each event's first input and first result
+    label_of_row = np.array(u_label + [""], dtype=object)[layout] if m else np.empty(0, dtype=object)
+    rows_idx = np.arange(m)
+    firsts = []
+    for r in (0, 1):
+        pick = rows_idx[role == r][::-1]
+        first = np.full(n, -1, dtype=np.int64)
+        first[seq[pick]] = pick
+        firsts.append(np.where(first >= 0, label_of_row[np.maximum(first, 0)] if m else "", ""))
+    in_format, out_format = (list(f) for f in firsts)
+    ops, op_code = _factorize(funcs)
     events = pd.DataFrame(
         {
             "seq": np.arange(n, dtype=np.int32),
-            "op": _categorical([op_names[f] for f in funcs], "op"),
+            "op": _from_codes([str(f) for f in ops], op_code, "op"),
             "phase": pd.Categorical.from_codes(np.asarray(phases, dtype=np.int8), categories=list(PHASES)),
-            "module": _categorical([mod_map[m][0] for m in modules], "module"),
-            "module_type": _categorical([mod_map[m][1] for m in modules], "module_type"),
+            "module": _categorical([mod_map[mo][0] for mo in modules], "module"),
+            "module_type": _categorical([mod_map[mo][1] for mo in modules], "module_type"),
             "source": _categorical(list(sources), "source"),
             "requested_format": _categorical(list(requested), "requested_format"),
             "in_format": _categorical(in_format, "in_format"),
