@@ -24,7 +24,7 @@ HOTSPOT_KEYS = ["phase", "module", "op", "source", "kind"]
 # -- classification ---------------------------------------------------------------------------
 
 
-def _is_floating(dtype_name: str) -> bool:
+def is_floating_dtype(dtype_name: str) -> bool:
     dt = getattr(torch, dtype_name, None)
     return isinstance(dt, torch.dtype) and (dt.is_floating_point or dt.is_complex)
 
@@ -65,7 +65,7 @@ def classify(events: pd.DataFrame, tensors: pd.DataFrame) -> pd.DataFrame:
     op_codes = events["op"].cat.codes.to_numpy()
 
     dtype_cats = tensors["dtype"].cat.categories
-    floating_of_code = np.array([_is_floating(d) for d in dtype_cats] + [False], dtype=bool)
+    floating_of_code = np.array([is_floating_dtype(d) for d in dtype_cats] + [False], dtype=bool)
     floating = floating_of_code[tensors["dtype"].cat.codes.to_numpy()]
     tsig = _tensor_signatures(tensors, floating)
 
@@ -157,13 +157,8 @@ def flow_links(events: pd.DataFrame, tensors: pd.DataFrame) -> pd.DataFrame:
     tid = tensors["tid"].to_numpy()
     seq = tensors["seq"].to_numpy()
     # base tensor of every view output: the op's first tensor input
-    view_out = is_out & tensors["is_view"].to_numpy()
-    first_in_row = np.full(len(events), -1, dtype=np.int64)
-    in_rows = np.flatnonzero(~is_out)
-    first_in_row[seq[in_rows][::-1]] = in_rows[::-1]
-    base_row = first_in_row[seq[view_out]]
-    has_base = base_row >= 0
-    root = _resolve_roots(tid, tid[view_out][has_base], tid[base_row[has_base]])
+    roots = view_roots(tensors, len(events))
+    root = roots[tid] if len(tid) else tid
     phase = events["phase"].cat.codes.to_numpy()
 
     rows = np.arange(len(tensors))
@@ -186,14 +181,28 @@ def flow_links(events: pd.DataFrame, tensors: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def _resolve_roots(tid: np.ndarray, view_tid: np.ndarray, base_tid: np.ndarray) -> np.ndarray:
-    """Follow view -> base links until they stop (views of views of ...)."""
+def view_roots(tensors: pd.DataFrame, n_events: int) -> np.ndarray:
+    """For every tid, the tid it is a view of, followed to the end (views of views of ...).
+
+    The base of a view result is its op's first tensor input; the first recorded base wins.
+    In-place metadata ops (``as_strided_``) alias themselves and are no link.
+    """
+    tid = tensors["tid"].to_numpy()
+    parent = np.arange(int(tid.max()) + 1 if len(tid) else 0, dtype=np.int64)
     if not len(tid):
-        return tid.copy()
-    parent = np.arange(int(tid.max()) + 1, dtype=np.int64)
-    keep = view_tid != base_tid  # in-place metadata ops (as_strided_) alias themselves
-    parent[view_tid[keep][::-1]] = base_tid[keep][::-1]  # first recorded base wins
-    root = tid.copy()
+        return parent
+    seq = tensors["seq"].to_numpy()
+    is_out = (tensors["role"] == "output").to_numpy()
+    first_in = np.full(n_events, -1, dtype=np.int64)
+    ins = np.flatnonzero(~is_out)
+    first_in[seq[ins][::-1]] = ins[::-1]
+    views = np.flatnonzero(is_out & tensors["is_view"].to_numpy())
+    base = first_in[seq[views]]
+    ok = base >= 0
+    view_tid, base_tid = tid[views[ok]], tid[base[ok]]
+    keep = view_tid != base_tid
+    parent[view_tid[keep][::-1]] = base_tid[keep][::-1]
+    root = parent.copy()
     for _ in range(256):
         nxt = parent[root]
         if np.array_equal(nxt, root):

@@ -358,38 +358,6 @@ def _labels(col: pd.Series) -> np.ndarray:
     return cats[col.cat.codes.to_numpy()]
 
 
-def _is_floating(dtype_name: str) -> bool:
-    dt = getattr(torch, str(dtype_name), None)
-    return isinstance(dt, torch.dtype) and (dt.is_floating_point or dt.is_complex)
-
-
-def _roots(tensors: pd.DataFrame, n_events: int) -> np.ndarray:
-    """tid -> the tid it is a view of, followed to the end (first recorded base wins)."""
-    tid = tensors["tid"].to_numpy()
-    size = int(tid.max()) + 1 if len(tid) else 0
-    parent = np.arange(size, dtype=np.int64)
-    if not size:
-        return parent
-    seq = tensors["seq"].to_numpy()
-    is_out = (tensors["role"] == "output").to_numpy()
-    first_in = np.full(n_events, -1, dtype=np.int64)
-    ins = np.flatnonzero(~is_out)
-    first_in[seq[ins][::-1]] = ins[::-1]
-    views = np.flatnonzero(is_out & tensors["is_view"].to_numpy())
-    base = first_in[seq[views]]
-    ok = base >= 0
-    v, b = tid[views[ok]], tid[base[ok]]
-    keep = v != b
-    parent[v[keep][::-1]] = b[keep][::-1]
-    root = parent.copy()
-    for _ in range(256):
-        nxt = parent[root]
-        if np.array_equal(nxt, root):
-            break
-        root = nxt
-    return root
-
-
 def bucket_ops(audit: Audit) -> pd.DataFrame:
     """Copies into and out of the buffers that collectives communicate, one row per op.
 
@@ -422,7 +390,7 @@ def bucket_ops(audit: Audit) -> pd.DataFrame:
     is_in = (t["role"] == "input").to_numpy()
     is_view = t["is_view"].to_numpy()
     phase = _labels(ev["phase"])
-    root = _roots(t, len(ev))
+    root = analysis.view_roots(t, len(ev))
 
     comm_rows = np.flatnonzero(collective[seq] & is_in)
     buffer_roots = np.unique(root[tid[comm_rows]])
@@ -468,7 +436,7 @@ def bucket_ops(audit: Audit) -> pd.DataFrame:
             in_bucket[moved] = True
 
     # classify the ops that touch a buffer
-    floating = np.array([_is_floating(d) for d in t["dtype"].cat.categories] + [False])[
+    floating = np.array([analysis.is_floating_dtype(d) for d in t["dtype"].cat.categories] + [False])[
         t["dtype"].cat.codes.to_numpy()
     ]
     touching = np.unique(seq[in_bucket[tid] & floating & ~collective[seq]])

@@ -408,7 +408,7 @@ class Flow:
         same = np.zeros(len(t), dtype=bool)
         same[links["row"].to_numpy()] = links["same_phase"].to_numpy()
         dtypes = t["dtype"].cat.categories
-        floating = np.array([analysis._is_floating(str(d)) for d in dtypes] + [False])[t["dtype"].cat.codes.to_numpy()]
+        floating = np.array([analysis.is_floating_dtype(str(d)) for d in dtypes] + [False])[t["dtype"].cat.codes.to_numpy()]
         act = (
             (t["role"] == "input").to_numpy() & floating & ~t["is_param"].to_numpy()
             & ~t["arg"].isin(rules.WEIGHT_ARGS).to_numpy()
