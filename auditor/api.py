@@ -110,6 +110,17 @@ def _process_group() -> tuple[int, int]:
     return 0, 1
 
 
+def loss_to_backward(loss_fn: Callable, output) -> torch.Tensor:
+    """``loss_fn(output)``, checked: a step's backward needs something that requires grad."""
+    loss = loss_fn(output)
+    if not (isinstance(loss, torch.Tensor) and loss.requires_grad):
+        raise ValueError(
+            "backward=True, but the loss requires grad on nothing: give the model trainable "
+            "parameters or inputs that require grad, or pass backward=False"
+        )
+    return loss
+
+
 def _default_loss(output) -> torch.Tensor:
     if isinstance(output, torch.Tensor):
         return output.float().sum()
@@ -163,12 +174,7 @@ def audit(
     with fa:
         output = model(*inputs)
         if backward:
-            loss = loss_fn(output)
-            if not (isinstance(loss, torch.Tensor) and loss.requires_grad):
-                raise ValueError(
-                    "backward=True, but the loss requires grad on nothing: give the model trainable "
-                    "parameters or inputs that require grad, or pass backward=False"
-                )
+            loss = loss_to_backward(loss_fn, output)
             loss.backward()
             if optimizer is not None:
                 optimizer.step()

@@ -25,7 +25,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map_only
 
-from .api import FormatAuditor
+from .api import FormatAuditor, loss_to_backward
 from .audit import Audit
 
 #: Device types a fake audit can target: those whose layout rules the tests cover.
@@ -264,12 +264,7 @@ def fake_audit(
                         "own parameters and buffers are made fake: pass the nn.Module itself"
                     ) from exc
             if backward:
-                loss = loss_fn(output)
-                if not (isinstance(loss, torch.Tensor) and loss.requires_grad):
-                    raise ValueError(
-                        "backward=True, but the loss requires grad on nothing: give the model "
-                        "trainable parameters or inputs that require grad, or pass backward=False"
-                    )
+                loss = loss_to_backward(loss_fn, output)
                 shim.hide_all = True
                 try:
                     loss.backward()
