@@ -209,8 +209,6 @@ def run(args: argparse.Namespace) -> int:
         try:
             audit = auditor.audit(model, x, backward=not args.no_backward, record_source=args.record_source,
                                   **run_on)
-        except auditor.FormatLossError:
-            raise
         except (RuntimeError, ValueError, TypeError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise UsageError(f"{spec} failed on input {','.join(map(str, dims))} {args.dtype}: {first}") from None

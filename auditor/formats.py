@@ -137,11 +137,6 @@ def base_format(label: str) -> str:
     return label[: -len(VIEW_SUFFIX)] if label.endswith(VIEW_SUFFIX) else label
 
 
-def is_channels_last(label: str) -> bool:
-    """Dense channels_last or channels_last_3d."""
-    return label in (CHANNELS_LAST, CHANNELS_LAST_3D)
-
-
 def physical_order(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, ...]:
     """Dimensions from outermost to innermost in memory: largest stride first, ties by index."""
     return tuple(sorted(range(len(shape)), key=lambda d: (-strides[d], d)))

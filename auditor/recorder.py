@@ -68,25 +68,24 @@ _HIDDEN_VIEWS = frozenset({"aten._unsafe_view.default", "aten._reshape_alias.def
 
 
 def _op_info(func) -> _OpInfo:
-    info = _OP_INFO.get(func)
-    if info is None:
-        schema = func._schema
-        names = tuple(a.name for a in schema.arguments)
-        views = tuple(
-            r.alias_info is not None and not r.alias_info.is_write for r in schema.returns
-        )
-        if str(func) in _HIDDEN_VIEWS or torch.Tag.inplace_view in func.tags:
-            # aliases the schema does not call views: _unsafe_view, and in-place metadata
-            # changes (as_strided_, squeeze_, ...) that move no data
-            views = (True,) * max(1, len(schema.returns))
-        list_return = len(schema.returns) == 1 and str(schema.returns[0].type) == "List[Tensor]"
-        tensor_args = tuple(i for i, a in enumerate(schema.arguments) if "Tensor" in str(a.type))
-        info = _OpInfo(
-            str(func), names, views,
-            names.index("memory_format") if "memory_format" in names else -1, list_return,
-            tensor_args,
-        )
-        _OP_INFO[func] = info
+    """Build and cache what the recorder needs from ``func``'s schema (first call per overload)."""
+    schema = func._schema
+    names = tuple(a.name for a in schema.arguments)
+    views = tuple(
+        r.alias_info is not None and not r.alias_info.is_write for r in schema.returns
+    )
+    if str(func) in _HIDDEN_VIEWS or torch.Tag.inplace_view in func.tags:
+        # aliases the schema does not call views: _unsafe_view, and in-place metadata
+        # changes (as_strided_, squeeze_, ...) that move no data
+        views = (True,) * max(1, len(schema.returns))
+    list_return = len(schema.returns) == 1 and str(schema.returns[0].type) == "List[Tensor]"
+    tensor_args = tuple(i for i, a in enumerate(schema.arguments) if "Tensor" in str(a.type))
+    info = _OpInfo(
+        str(func), names, views,
+        names.index("memory_format") if "memory_format" in names else -1, list_return,
+        tensor_args,
+    )
+    _OP_INFO[func] = info
     return info
 
 
