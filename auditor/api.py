@@ -85,6 +85,7 @@ class FormatAuditor:
                 world_size=world_size,
                 events=mode.events,
                 tensors=mode.tensors,
+                layouts=list(mode.layouts),
                 module_types=types,
                 complete=exc_type is None,
                 error="" if exc_type is None else f"{exc_type.__name__}: {exc}",

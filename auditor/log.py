@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from .formats import LABELS, format_label, nbytes
-from .recorder import PHASES, ROLES, RawLog, module_names
+from .recorder import _OP_INFO, PHASES, ROLES, TENSOR_FIELDS, RawLog, _op_info, module_names
 
 #: column -> dtype of ``Audit.events``. "category" columns list their categories below when
 #: the vocabulary is fixed; free categoricals take their sorted distinct values.
@@ -92,48 +92,63 @@ def _factorize(values) -> tuple[list, np.ndarray]:
 def build_frames(raw: RawLog) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Raw tuples -> (events, tensors), the only place DataFrames are made from a recording.
 
-    Columns are transposed once, and every per-layout quantity (label, bytes, the shape and
-    stride strings) is computed once per distinct (shape, strides, dtype), not once per row.
+    Every per-layout quantity (label, bytes, the shape and stride strings) is computed once per
+    distinct layout, and argument names and view flags once per distinct (op, slot), not once
+    per row.
     """
     n = len(raw.events)
-    funcs, phases, modules, sources, requested, durations = (
-        zip(*raw.events) if n else ((),) * 6
-    )
+    funcs, phases, labels, requested, durations = zip(*raw.events) if n else ((),) * 5
+    modules = [label[0] for label in labels]
     mod_map = module_names(dict.fromkeys(modules), raw.module_types)
+    ops, op_code = _factorize(funcs)
 
-    rows = raw.tensors
-    m = len(rows)
-    (seq_c, role_c, pos_c, item_c, arg_c, tid_c, shape_c, stride_c, offset_c, dtype_c, device_c,
-     param_c, view_c) = zip(*rows) if m else ((),) * 13
-    seq = np.array(seq_c, dtype=np.int32)
-    role = np.array(role_c, dtype=np.int8)
-    layouts, layout = _factorize(zip(shape_c, stride_c, dtype_c))
-    u_shape = [tuple(sh) for sh, _, _ in layouts]
-    u_strides = [tuple(st) for _, st, _ in layouts]
+    flat = raw.tensors
+    m = len(flat) // TENSOR_FIELDS
+    seq = np.array(flat[0::TENSOR_FIELDS], dtype=np.int32)
+    role = np.array(flat[1::TENSOR_FIELDS], dtype=np.int8)
+    position = np.array(flat[2::TENSOR_FIELDS], dtype=np.int16)
+    item = np.array(flat[3::TENSOR_FIELDS], dtype=np.int16)
+    _, tid = _factorize(map(id, flat[4::TENSOR_FIELDS]))  # one weak reference per tensor
+    layout = np.array(flat[5::TENSOR_FIELDS], dtype=np.int64)
+    # argument name and view flag: once per distinct (op, role, position, item is set)
+    slot_key = ((op_code[seq] * 2 + role) * 65536 + position + 1) * 2 + (item >= 0) if m else seq
+    slots, slot = np.unique(slot_key, return_inverse=True)
+    infos = [_OP_INFO.get(f) or _op_info(f) for f in ops]
+    slot_values = [
+        infos[k // (2 * 65536 * 2)].slot((k // (65536 * 2)) % 2, (k // 2) % 65536 - 1, (k % 2) - 1)
+        for k in slots.tolist()
+    ]
+    args, arg_code = _factorize(a for a, _ in slot_values)
+    slot_view = np.array([v for _, v in slot_values] + [False], dtype=bool)
+
+    keys = raw.layouts
+    u_shape = [tuple(k[0]) for k in keys]
+    u_strides = [k[1] for k in keys]
     u_label = [format_label(sh, st) for sh, st in zip(u_shape, u_strides)]
-    u_bytes = np.array([nbytes(sh, dt.itemsize) for sh, (_, _, dt) in zip(u_shape, layouts)] + [0], dtype=np.int64)
+    u_bytes = np.array([nbytes(sh, k[3].itemsize) for sh, k in zip(u_shape, keys)] + [0], dtype=np.int64)
     u_ndim = np.array([len(sh) for sh in u_shape] + [0], dtype=np.int8)
-    dtypes, dtype_code = _factorize(dtype_c)
-    devices, device_code = _factorize(device_c)
-    args, arg_code = _factorize(arg_c)
-    format_col = _from_codes(u_label, layout, "format")
+    u_offset = np.array([k[2] for k in keys] + [0], dtype=np.int64)
+    dtypes, dtype_code = _factorize(k[3] for k in keys)
+    devices, device_code = _factorize(k[4] for k in keys)
+    dtype_names = np.array([str(d).replace("torch.", "") for d in dtypes], dtype=object)
+    device_names = np.array([str(d) for d in devices], dtype=object)
     tensors = pd.DataFrame(
         {
             "seq": seq,
             "role": pd.Categorical.from_codes(role, categories=list(ROLES)),
-            "position": np.array(pos_c, dtype=np.int16),
-            "item": np.array(item_c, dtype=np.int16),
-            "arg": _from_codes(args, arg_code, "arg"),
-            "tid": np.array(tid_c, dtype=np.int32),
+            "position": position,
+            "item": item,
+            "arg": _from_codes(args, arg_code[slot] if m else arg_code, "arg"),
+            "tid": tid.astype(np.int32),
             "ndim": u_ndim[layout],
             "shape": _from_codes([str(sh) for sh in u_shape], layout, "shape"),
             "strides": _from_codes([str(st) for st in u_strides], layout, "strides"),
-            "storage_offset": np.array(offset_c, dtype=np.int64),
-            "dtype": _from_codes([str(d).replace("torch.", "") for d in dtypes], dtype_code, "dtype"),
-            "device": _from_codes([str(d) for d in devices], device_code, "device"),
-            "format": format_col,
-            "is_param": np.array(param_c, dtype=bool),
-            "is_view": np.array(view_c, dtype=bool),
+            "storage_offset": u_offset[layout],
+            "dtype": _from_codes(list(dtype_names[dtype_code]) if keys else [], layout, "dtype"),
+            "device": _from_codes(list(device_names[device_code]) if keys else [], layout, "device"),
+            "format": _from_codes(u_label, layout, "format"),
+            "is_param": np.array(flat[6::TENSOR_FIELDS], dtype=bool),
+            "is_view": slot_view[slot] if m else np.zeros(0, dtype=bool),
             "bytes": u_bytes[layout],
         }
     )
@@ -147,7 +162,6 @@ def build_frames(raw: RawLog) -> tuple[pd.DataFrame, pd.DataFrame]:
         first[seq[pick]] = pick
         firsts.append(np.where(first >= 0, label_of_row[np.maximum(first, 0)] if m else "", ""))
     in_format, out_format = (list(f) for f in firsts)
-    ops, op_code = _factorize(funcs)
     events = pd.DataFrame(
         {
             "seq": np.arange(n, dtype=np.int32),
@@ -155,8 +169,10 @@ def build_frames(raw: RawLog) -> tuple[pd.DataFrame, pd.DataFrame]:
             "phase": pd.Categorical.from_codes(np.asarray(phases, dtype=np.int8), categories=list(PHASES)),
             "module": _categorical([mod_map[mo][0] for mo in modules], "module"),
             "module_type": _categorical([mod_map[mo][1] for mo in modules], "module_type"),
-            "source": _categorical(list(sources), "source"),
-            "requested_format": _categorical(list(requested), "requested_format"),
+            "source": _categorical([label[1] for label in labels], "source"),
+            "requested_format": _categorical(
+                ["" if f is None else str(f).replace("torch.", "") for f in requested], "requested_format"
+            ),
             "in_format": _categorical(in_format, "in_format"),
             "out_format": _categorical(out_format, "out_format"),
             "duration_us": np.where(

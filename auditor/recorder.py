@@ -12,8 +12,10 @@ import os
 import sys
 import time
 import weakref
+from bisect import bisect_right
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import islice
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -33,15 +35,15 @@ ROOT_MODULE = "<root>"
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _AUDITOR_DIR = os.path.dirname(__file__) + os.sep
-#: Key of the (module, source line) label the recorder puts on autograd nodes in forward.
-_LABEL_KEY = "auditor_label"
+#: The label of ops outside every module and of nodes the recorder did not see created.
+_GLOBAL_LABEL = ("Global", "")
 
 _Tensor = torch.Tensor
-_weakref = weakref.ref
 _graph_task_id = torch._C._current_graph_task_id
 _current_node = torch._C._current_autograd_node
-_is_grad_enabled = torch.is_grad_enabled
+_sequence_nr = torch._C._autograd._get_sequence_nr
 _perf_counter_ns = time.perf_counter_ns
+_weakref = weakref.ref
 
 
 class FormatLossError(RuntimeError):
@@ -58,6 +60,16 @@ class _OpInfo:
     memory_format_index: int  # position of a memory_format argument, or -1
     list_return: bool  # the op returns one Tensor[] (split, chunk, unbind)
     tensor_args: tuple[int, ...]  # positions that can hold a tensor or a list of them
+
+    def slot(self, role: int, position: int, item: int) -> tuple[str, bool]:
+        """(argument name, is a view) of the tensor a raw row puts at (role, position, item)."""
+        if role == INPUT:
+            names = self.arg_names
+            return (names[position] if 0 <= position < len(names) else "", False)
+        views = self.view_outputs
+        if self.list_return:
+            return ("", views[0])
+        return ("", item < 0 and position < len(views) and views[position])
 
 
 #: Wrappers whose ``module`` child is the user's model: their names are dropped from fqns.
@@ -101,82 +113,60 @@ def _param_kind(cls: type):
     return False if cls is torch.Tensor else _BY_INSTANCE
 
 
-class _Ref(weakref.ref):
-    __slots__ = ("key", "uid")
-
-
-class _TensorIds:
-    """A stable integer per live tensor object.
-
-    ``id()`` alone is reused by CPython once a tensor dies; a weak reference tells a reused id
-    from the original, and its callback drops the entry so the table stays small.
-    """
-
-    def __init__(self):
-        self._refs: dict[int, _Ref] = {}
-        self._next = 0
-
-    def _forget(self, ref: _Ref) -> None:
-        if self._refs.get(ref.key) is ref:
-            del self._refs[ref.key]
-
-    def __call__(self, t) -> int:
-        key = id(t)
-        ref = self._refs.get(key)
-        if ref is not None and ref() is t:
-            return ref.uid
-        ref = _Ref(t, self._forget)
-        ref.key = key
-        ref.uid = uid = self._next
-        self._next += 1
-        self._refs[key] = ref
-        return uid
-
-    def clear(self) -> None:
-        self._refs = {}
-
-
 class _Tracker(ModuleTracker):
     """torch's ModuleTracker for the forward pass (its module names, its global forward hooks),
     with the innermost running module kept in ``current`` for the recorder to read per op.
 
     Its backward mechanism is not used: two multi-grad hooks per module call were most of the
     cost of recording, and they can only guess which module a backward op belongs to. Instead
-    the recorder labels each autograd node with the module that created it in forward and reads
-    the label back in backward (see ``_RecorderMode._backward_label``).
+    the recorder maps each autograd node back to the forward op that created it (see
+    ``_RecorderMode._backward_label``). Its ``parents`` set is not kept up to date either.
     """
 
     def __init__(self):
         super().__init__()
-        self.current = "Global"
+        self.label = _GLOBAL_LABEL  # (innermost module, ""): one shared tuple per module
         self.types: dict[str, str] = {}
-        self.param_modules: dict = {}  # parameter -> module name, for AccumulateGrad nodes
-        self._stack: list[str] = []
+        self.param_modules: dict = {}  # id(parameter) -> module name, for AccumulateGrad nodes
+        # id(module) -> (module, label). torch's name lookup goes through weak dictionaries,
+        # several weakrefs per call; the module is held so that its id stays its own.
+        self._labels: dict[int, tuple] = {}
+        self._stack: list[tuple[str, str]] = []
 
-    def _fw_pre_hook(self, mod, input):
+    def _label(self, mod) -> tuple[str, str]:
+        seen = self._labels.get(id(mod))
+        if seen is not None:
+            return seen[1]
         name = self._get_mod_name(mod)
+        label = (name, "")
+        self._labels[id(mod)] = (mod, label)
         if name not in self.types:
             self.types[name] = type(mod).__name__
             for p in mod.parameters(recurse=False):
                 self.param_modules.setdefault(id(p), name)
-        self.parents.add(name)
-        self._stack.append(name)
-        self.current = name
+        return label
+
+    def _fw_pre_hook(self, mod, input):
+        label = self._label(mod)
+        self._stack.append(label)
+        self.label = label
 
     def _fw_post_hook(self, mod, input, output):
-        name = self._get_mod_name(mod)
+        label = self._label(mod)
         stack = self._stack
-        for i in range(len(stack) - 1, -1, -1):
-            if stack[i] == name:
-                del stack[i]
-                break
-        if name not in stack:
-            self.parents.discard(name)
-        self.current = stack[-1] if stack else "Global"
+        if stack and stack[-1] is label:
+            stack.pop()
+        else:  # a hook raised between this module's pre and post hooks: find it further down
+            for i in range(len(stack) - 1, -1, -1):
+                if stack[i] is label:
+                    del stack[i]
+                    break
+        self.label = stack[-1] if stack else _GLOBAL_LABEL
 
     def __exit__(self, *args):
         super().__exit__(*args)
         self.param_modules = {}
+        self._labels = {}
 
 
 def module_names(tracker_names: Iterable[str], types: dict[str, str]):
@@ -210,8 +200,18 @@ def _is_internal(filename: str) -> bool:
     return filename.startswith((_TORCH_DIR, _AUDITOR_DIR)) or filename.startswith("<frozen")
 
 
+#: Fields per tensor in ``_RecorderMode.tensors``, a flat list:
+#: (seq, role, position, item, identity, layout, is_param).
+TENSOR_FIELDS = 7
+
+
 class _RecorderMode(TorchDispatchMode):
-    """The private dispatch mode. Each call appends one event tuple and one tuple per tensor."""
+    """The private dispatch mode. Each call appends one event tuple and seven values per tensor.
+
+    Per tensor it keeps a weak reference (the identity) and an interned layout number, so the
+    log holds small shared objects only; argument names and view flags follow from the op's
+    schema and are filled in when the DataFrames are built.
+    """
 
     def __init__(self, tracker: _Tracker, *, strict: bool, record_source: bool, record_time: bool):
         super().__init__()
@@ -219,26 +219,35 @@ class _RecorderMode(TorchDispatchMode):
         self.strict = strict
         self.record_source = record_source
         self.record_time = record_time
-        self.events: list[tuple] = []
-        self.tensors: list[tuple] = []
+        self.events: list[tuple] = []  # (func, phase, (module, source), memory_format, ns)
+        self.tensors: list = []  # TENSOR_FIELDS values per tensor
+        # (shape, strides, storage_offset, dtype, device) -> layout number
+        self.layouts: dict[tuple, int] = {}
         self.optimizer_depth = 0
-        self._uid = _TensorIds()
+        self._layout_keys: list[tuple] = []  # layout number -> key, for strict mode
         self._param_types: dict[type, object] = {}
         self._internal_code: dict = {}
-        # forward results whose autograd node is not set yet: (weakref, label, tries)
-        self._pending: list[tuple] = []
+        # Which forward op created each autograd node, by the node's sequence number (the
+        # thread's counter, bumped as autograd creates a node, before the op reaches this
+        # mode): _node_labels[i] is the (module, source) of the first op that saw the counter
+        # at _node_nrs[i], the op that created nodes _node_nrs[i - 1] .. _node_nrs[i] - 1.
+        self._first_nr = self._last_nr = _sequence_nr()
+        self._node_nrs: list[int] = []
+        self._node_labels: list[tuple[str, str]] = []
 
     # -- hot path ---------------------------------------------------------------------------
+    # A tensor's identity is ``weakref.ref(t)``: CPython hands back the one plain reference an
+    # object already has, so it is a C call with no table; the log keeps each reference alive,
+    # so a new tensor at a dead one's address (a reused ``id()``) gets a reference of its own.
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         info = _OP_INFO.get(func) or _op_info(func)
-        if self._pending:
-            self._label_nodes()
         seq = len(self.events)
         tensors = self.tensors
         first = len(tensors)
-        append = tensors.append
-        uid = self._uid
-        names = info.arg_names
+        ext = tensors.extend
+        layouts = self.layouts
+        layout = layouts.setdefault
+        count = layouts.__len__
         nargs = len(args)
         # inputs are read before the call: in-place metadata ops (as_strided_, ...) change them
         for i in info.tensor_args:
@@ -248,17 +257,20 @@ class _RecorderMode(TorchDispatchMode):
             if type(a) in (list, tuple):
                 for j, x in enumerate(a):
                     if isinstance(x, _Tensor):
-                        append((seq, INPUT, i, j, names[i], uid(x), x.shape, x.stride(),
-                                x.storage_offset(), x.dtype, x.device, self._is_param(x), False))
+                        ext((seq, INPUT, i, j, _weakref(x),
+                             layout((x.shape, x.stride(), x.storage_offset(), x.dtype, x.device), count()),
+                             self._is_param(x)))
             elif isinstance(a, _Tensor):
-                append((seq, INPUT, i, -1, names[i], uid(a), a.shape, a.stride(),
-                        a.storage_offset(), a.dtype, a.device,
-                        False if type(a) is _Tensor else self._is_param(a), False))
+                ext((seq, INPUT, i, -1, _weakref(a),
+                     layout((a.shape, a.stride(), a.storage_offset(), a.dtype, a.device), count()),
+                     False if type(a) is _Tensor else self._is_param(a)))
         if kwargs:
+            names = info.arg_names
             for k, a in kwargs.items():
                 if isinstance(a, _Tensor):
-                    append((seq, INPUT, names.index(k) if k in names else -1, -1, k, uid(a), a.shape,
-                            a.stride(), a.storage_offset(), a.dtype, a.device, False, False))
+                    ext((seq, INPUT, names.index(k) if k in names else -1, -1, _weakref(a),
+                         layout((a.shape, a.stride(), a.storage_offset(), a.dtype, a.device), count()),
+                         False))
         try:
             if self.record_time:
                 start = _perf_counter_ns()
@@ -272,45 +284,41 @@ class _RecorderMode(TorchDispatchMode):
             raise
         if _graph_task_id() != -1:
             phase = BACKWARD
-            module, source = self._backward_label()
+            label = self._backward_label()
         else:
             phase = OTHER if self.optimizer_depth else FORWARD
-            module = self.tracker.current
-            source = self._user_line() if self.record_source else ""
-            if _is_grad_enabled():
-                result = out if isinstance(out, _Tensor) else (
-                    out[0] if type(out) in (list, tuple) and out and isinstance(out[0], _Tensor) else None
-                )
-                if result is not None:
-                    self._pending.append((_weakref(result), (module, source), 0))
+            label = self.tracker.label
+            if self.record_source:
+                label = (label[0], self._user_line())
+            nr = _sequence_nr()
+            if nr != self._last_nr:  # this op created autograd nodes
+                self._last_nr = nr
+                self._node_nrs.append(nr)
+                self._node_labels.append(label)
         mf = info.memory_format_index
-        requested = ""
-        if mf >= 0:
-            fmt = (kwargs or {}).get("memory_format") if mf >= nargs else args[mf]
-            if fmt is not None:
-                requested = str(fmt).replace("torch.", "")
-        self.events.append((func, phase, module, source, requested, duration))
-        views = info.view_outputs
+        self.events.append((
+            func, phase, label,
+            None if mf < 0 else (kwargs or {}).get("memory_format") if mf >= nargs else args[mf],
+            duration,
+        ))
         if isinstance(out, _Tensor):
-            append((seq, OUTPUT, 0, -1, "", uid(out), out.shape, out.stride(),
-                    out.storage_offset(), out.dtype, out.device, False, views[0] if views else False))
+            ext((seq, OUTPUT, 0, -1, _weakref(out),
+                 layout((out.shape, out.stride(), out.storage_offset(), out.dtype, out.device), count()),
+                 False))
         elif type(out) in (list, tuple):
-            if info.list_return:  # split, chunk, unbind: one Tensor[] result, item j of it
-                view = views[0]
-                for j, o in enumerate(out):
-                    append((seq, OUTPUT, 0, j, "", uid(o), o.shape, o.stride(),
-                            o.storage_offset(), o.dtype, o.device, False, view))
-            else:
-                for i, o in enumerate(out):
-                    if isinstance(o, _Tensor):
-                        view = views[i] if i < len(views) else False
-                        append((seq, OUTPUT, i, -1, "", uid(o), o.shape, o.stride(),
-                                o.storage_offset(), o.dtype, o.device, False, view))
-                    elif type(o) in (list, tuple):
-                        for j, x in enumerate(o):
-                            if isinstance(x, _Tensor):
-                                append((seq, OUTPUT, i, j, "", uid(x), x.shape, x.stride(),
-                                        x.storage_offset(), x.dtype, x.device, False, False))
+            list_return = info.list_return  # one Tensor[] result (split, unbind): item i of it
+            for i, o in enumerate(out):
+                if isinstance(o, _Tensor):
+                    pos, item = (0, i) if list_return else (i, -1)
+                    ext((seq, OUTPUT, pos, item, _weakref(o),
+                         layout((o.shape, o.stride(), o.storage_offset(), o.dtype, o.device), count()),
+                         False))
+                elif type(o) in (list, tuple):
+                    for j, x in enumerate(o):
+                        if isinstance(x, _Tensor):
+                            ext((seq, OUTPUT, i, j, _weakref(x),
+                                 layout((x.shape, x.stride(), x.storage_offset(), x.dtype, x.device), count()),
+                                 False))
         if self.strict:
             self._check_strict(seq, info, tensors[first:])
         return out
@@ -322,42 +330,23 @@ class _RecorderMode(TorchDispatchMode):
         return getattr(t, "_is_param", False) if kind is _BY_INSTANCE else kind
 
     # -- module and source labels -----------------------------------------------------------
-    def _label_nodes(self) -> None:
-        """Put (module, source line) on the autograd nodes of recent forward results.
-
-        Autograd sets ``grad_fn`` after an op returns through this mode, so the label goes on
-        at the next op; a result still without a node is tried for a few more ops.
-        """
-        keep = []
-        for ref, label, tries in self._pending:
-            t = ref()
-            if t is None:
-                continue
-            fn = t.grad_fn
-            if fn is None:
-                if tries < 3:
-                    keep.append((ref, label, tries + 1))
-                continue
-            meta = fn.metadata
-            if _LABEL_KEY not in meta:
-                meta[_LABEL_KEY] = label
-        self._pending = keep
-
     def _backward_label(self) -> tuple[str, str]:
         """The module and line of the forward op that created the node now running backward.
 
-        Gradient accumulation into a parameter (AccumulateGrad) belongs to the parameter's module.
+        This is how torch's own tracing tags backward nodes (``seq_nr`` in ``torch.fx.proxy``).
+        Gradient accumulation into a parameter (AccumulateGrad) belongs to the parameter's
+        module; a node created before recording began has no module (``<global>``).
         """
         node = _current_node()
         if node is None:
-            return "Global", ""
-        meta = node.metadata
-        label = meta.get(_LABEL_KEY)
-        if label is None:
-            var = getattr(node, "variable", None)
-            owner = self.tracker.param_modules.get(id(var), "Global") if var is not None else "Global"
-            label = meta[_LABEL_KEY] = (owner, "")
-        return label
+            return _GLOBAL_LABEL
+        nr = node._sequence_nr()
+        if self._first_nr <= nr < self._last_nr:
+            return self._node_labels[bisect_right(self._node_nrs, nr)]
+        var = getattr(node, "variable", None)
+        if var is None:
+            return _GLOBAL_LABEL
+        return (self.tracker.param_modules.get(id(var), "Global"), "")
 
     def _user_line(self) -> str:
         """The user's line: the first frame outside torch and auditor."""
@@ -373,19 +362,24 @@ class _RecorderMode(TorchDispatchMode):
             frame = frame.f_back
         return ""
 
-    def _check_strict(self, seq: int, info: _OpInfo, rows: list[tuple]) -> None:
-        sigs = tuple(tensor_sig(r) for r in rows)
+    def _check_strict(self, seq: int, info: _OpInfo, values: list) -> None:
+        keys = self._layout_keys
+        if len(keys) < len(self.layouts):
+            keys.extend(islice(self.layouts, len(keys), None))
+        rows = [values[k:k + TENSOR_FIELDS] for k in range(0, len(values), TENSOR_FIELDS)]
+        sigs = tuple(
+            tensor_sig(role, pos, *info.slot(role, pos, item), keys[lay], param)
+            for _, role, pos, item, _, lay, param in rows
+        )
         verdict = rules.classify(info.name, sigs)
         if verdict.kind == rules.LOSES:
-            func, phase, module = self.events[seq][:3]
-            names = module_names(dict.fromkeys(e[2] for e in self.events), self.tracker.types)
-            module = names[module][0]
+            phase, (module, _) = self.events[seq][1:3]
+            module = module_names(dict.fromkeys(e[2][0] for e in self.events), self.tracker.types)[module][0]
             inputs = "; ".join(
-                f"{r[4]}"
-                f"{'' if r[3] < 0 else f'[{r[3]}]'}: shape {tuple(r[6])} strides {tuple(r[7])}"
-                f" ({format_label(tuple(r[6]), tuple(r[7]))})"
-                for r in rows
-                if r[1] == INPUT
+                f"{sig.arg}{'' if item < 0 else f'[{item}]'}: shape {tuple(keys[lay][0])} "
+                f"strides {keys[lay][1]} ({sig.label})"
+                for (_, role, _, item, _, lay, _), sig in zip(rows, sigs)
+                if role == INPUT
             )
             raise FormatLossError(
                 f"{info.name} lost channels_last in module '{module}' ({PHASES[phase]}): "
@@ -394,22 +388,23 @@ class _RecorderMode(TorchDispatchMode):
 
     def release(self) -> None:
         """Drop every reference to user tensors once recording is over."""
-        self._uid.clear()
-        self._pending = []
+        self.tensors = []
+        self._node_nrs = []
+        self._node_labels = []
 
 
-def tensor_sig(row: tuple) -> rules.TensorSig:
-    """A raw tensor row -> the rule's view of it."""
-    shape, strides = tuple(row[6]), tuple(row[7])
+def tensor_sig(role: int, position: int, arg: str, is_view: bool, layout: tuple, is_param: bool) -> rules.TensorSig:
+    """A raw tensor row, its slot and its layout key -> the rule's view of it."""
+    shape, strides, _, dtype, _ = layout
     return rules.TensorSig(
-        ROLES[row[1]],
-        row[2],
-        row[4],
-        format_label(shape, strides),
-        row[11],
-        row[12],
-        nbytes(shape, row[9].itemsize),
-        row[9].is_floating_point or row[9].is_complex,
+        ROLES[role],
+        position,
+        arg,
+        format_label(tuple(shape), strides),
+        is_param,
+        is_view,
+        nbytes(tuple(shape), dtype.itemsize),
+        dtype.is_floating_point or dtype.is_complex,
     )
 
 
@@ -417,8 +412,9 @@ def tensor_sig(row: tuple) -> rules.TensorSig:
 class RawLog:
     """What a recording leaves behind, before any DataFrame is built."""
 
-    events: list[tuple] = field(default_factory=list)
-    tensors: list[tuple] = field(default_factory=list)
+    events: list[tuple] = field(default_factory=list)  # _RecorderMode.events
+    tensors: list = field(default_factory=list)  # flat, TENSOR_FIELDS values per tensor
+    layouts: list[tuple] = field(default_factory=list)  # layout number -> its key
     module_types: dict[str, str] = field(default_factory=dict)
     complete: bool = True
     error: str = ""

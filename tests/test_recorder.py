@@ -122,6 +122,52 @@ def test_backward_attribution_skips_pass_through_modules():
     assert bw[bw.index == "aten.convolution_backward.default"]["module"].tolist() == ["c2", "c1"]
 
 
+def test_backward_attribution_of_custom_functions_and_graphs_built_before_recording():
+    class Double(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g.mul(2)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+            self.act = nn.Tanh()
+
+        def forward(self, x):
+            return Double.apply(self.act(self.lin(x)))
+
+    class Holder(nn.Module):  # the Function runs inside a module of its own
+        def __init__(self):
+            super().__init__()
+            self.net = Net()
+
+    model = Holder()
+    x = torch.randn(3, 4)
+    with auditor.FormatAuditor() as fa:
+        model.net(x).sum().backward()
+    bw = fa.audit.events[fa.audit.events["phase"] == "backward"]
+    assert set(bw.loc[bw["op"] == "aten.mul.Tensor", "module"]) == {"<root>"}  # Double's backward: net's op
+    assert set(bw.loc[bw["op"] == "aten.tanh_backward.default", "module"]) == {"act"}
+    assert set(bw.loc[bw["op"] == "aten.mm.default", "module"]) == {"lin"}
+
+    # a graph built before the block: its backward ops belong to no recorded module
+    y = model.net(x).sum()
+    with auditor.FormatAuditor() as fa:
+        model.net(x)  # a recorded forward whose nodes are newer than y's
+        y.backward()
+    ev = fa.audit.events
+    assert set(ev.loc[ev["phase"] == "backward", "module"]) == {"<global>", "lin"}
+    # only AccumulateGrad's sums into the .grad of the first step are lin's: the parameters
+    # say whose they are
+    acc = ev[(ev["phase"] == "backward") & (ev["module"] == "lin")]
+    assert acc["op"].tolist() == ["aten.add_.Tensor"] * 2
+
+
 def test_wrapper_modules_do_not_prefix_names():
     from auditor.recorder import module_names
 
