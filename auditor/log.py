@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from .formats import LABELS, format_label, nbytes
-from .recorder import _OP_INFO, PHASES, ROLES, TENSOR_FIELDS, RawLog, _op_info, module_names
+from .recorder import PHASES, ROLES, TENSOR_FIELDS, RawLog, module_names, op_info
 
 #: column -> dtype of ``Audit.events``. "category" columns list their categories below when
 #: the vocabulary is fixed; free categoricals take their sorted distinct values.
@@ -113,7 +113,7 @@ def build_frames(raw: RawLog) -> tuple[pd.DataFrame, pd.DataFrame]:
     # argument name and view flag: once per distinct (op, role, position, item is set)
     slot_key = ((op_code[seq] * 2 + role) * 65536 + position + 1) * 2 + (item >= 0) if m else seq
     slots, slot = np.unique(slot_key, return_inverse=True)
-    infos = [_OP_INFO.get(f) or _op_info(f) for f in ops]
+    infos = [op_info(f) for f in ops]
     slot_values = [
         infos[k // (2 * 65536 * 2)].slot((k // (65536 * 2)) % 2, (k // 2) % 65536 - 1, (k % 2) - 1)
         for k in slots.tolist()

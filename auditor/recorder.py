@@ -39,6 +39,7 @@ _AUDITOR_DIR = os.path.dirname(__file__) + os.sep
 _GLOBAL_LABEL = ("Global", "")
 
 _Tensor = torch.Tensor
+_Parameter = torch.nn.Parameter
 _graph_task_id = torch._C._current_graph_task_id
 _current_node = torch._C._current_autograd_node
 _sequence_nr = torch._C._autograd._get_sequence_nr
@@ -54,12 +55,14 @@ class FormatLossError(RuntimeError):
 class _OpInfo:
     """What the recorder needs from an op's schema, computed once per overload."""
 
+    func: object  # the OpOverload
     name: str
     arg_names: tuple[str, ...]
     view_outputs: tuple[bool, ...]  # result i aliases an input without moving data
     memory_format_index: int  # position of a memory_format argument, or -1
     list_return: bool  # the op returns one Tensor[] (split, chunk, unbind)
     tensor_args: tuple[int, ...]  # positions that can hold a tensor or a list of them
+    keeps_layout: bool  # the one result has the layout of argument 0 (detach, relu_, add_, ...)
 
     def slot(self, role: int, position: int, item: int) -> tuple[str, bool]:
         """(argument name, is a view) of the tensor a raw row puts at (role, position, item)."""
@@ -75,12 +78,20 @@ class _OpInfo:
 #: Wrappers whose ``module`` child is the user's model: their names are dropped from fqns.
 _WRAPPERS = frozenset({"DistributedDataParallel", "DataParallel", "FullyShardedDataParallel"})
 
-_OP_INFO: dict = {}
+#: id(OpOverload) -> _OpInfo. Keyed by id: OpOverload.__hash__ is a Python method, one call
+#: per op; the entry's ``func`` tells a reused id from the op it was made for.
+_OP_INFO: dict[int, _OpInfo] = {}
 _HIDDEN_VIEWS = frozenset({"aten._unsafe_view.default", "aten._reshape_alias.default"})
+_SAME_LAYOUT = frozenset({"aten.detach.default", "aten.alias.default"})
+
+
+def op_info(func) -> _OpInfo:
+    """What the recorder needs from ``func``'s schema, built on the first call per overload."""
+    info = _OP_INFO.get(id(func))
+    return info if info is not None and info.func is func else _op_info(func)
 
 
 def _op_info(func) -> _OpInfo:
-    """Build and cache what the recorder needs from ``func``'s schema (first call per overload)."""
     schema = func._schema
     names = tuple(a.name for a in schema.arguments)
     views = tuple(
@@ -92,12 +103,17 @@ def _op_info(func) -> _OpInfo:
         views = (True,) * max(1, len(schema.returns))
     list_return = len(schema.returns) == 1 and str(schema.returns[0].type) == "List[Tensor]"
     tensor_args = tuple(i for i, a in enumerate(schema.arguments) if "Tensor" in str(a.type))
-    info = _OpInfo(
-        str(func), names, views,
-        names.index("memory_format") if "memory_format" in names else -1, list_return,
-        tensor_args,
+    # An in-place pointwise op cannot resize or restride its argument (it returns it), and
+    # detach and alias copy its sizes, strides and offset: their result needs no reading.
+    keeps_layout = len(schema.returns) == 1 and str(schema.arguments[0].type) == "Tensor" and (
+        str(func) in _SAME_LAYOUT or {torch.Tag.inplace, torch.Tag.pointwise} <= set(func.tags)
     )
-    _OP_INFO[func] = info
+    info = _OpInfo(
+        func, str(func), names, views,
+        names.index("memory_format") if "memory_format" in names else -1, list_return,
+        tensor_args, keeps_layout,
+    )
+    _OP_INFO[id(func)] = info
     return info
 
 
@@ -133,32 +149,39 @@ class _Tracker(ModuleTracker):
         self._labels: dict[int, tuple] = {}
         self._stack: list[tuple[str, str]] = []
 
-    def _label(self, mod) -> tuple[str, str]:
-        seen = self._labels.get(id(mod))
-        if seen is not None:
-            return seen[1]
-        name = self._get_mod_name(mod)
+    def _name_tree(self, mod, name: str) -> tuple[str, str]:
+        """Name ``mod``, and the modules under it, by torch's rule (``_get_mod_name``) in one
+        pass over plain dictionaries: a module first seen is named by its type; a module's
+        children are named after it when it is first seen (the last path to a shared module
+        wins); a module seen before keeps the names it gave its children. Also notes each
+        module's type and the module that owns each parameter."""
+        first_seen = id(mod) not in self._labels
         label = (name, "")
         self._labels[id(mod)] = (mod, label)
-        if name not in self.types:
-            self.types[name] = type(mod).__name__
-            for p in mod.parameters(recurse=False):
-                self.param_modules.setdefault(id(p), name)
+        self.types.setdefault(name, type(mod).__name__)
+        if first_seen:
+            for p in mod._parameters.values():
+                if p is not None:
+                    self.param_modules.setdefault(id(p), name)
+            for child_name, child in mod.named_children():
+                self._name_tree(child, f"{name}.{child_name}")
         return label
 
     def _fw_pre_hook(self, mod, input):
-        label = self._label(mod)
+        seen = self._labels.get(id(mod))
+        label = seen[1] if seen is not None else self._name_tree(mod, type(mod).__name__)
         self._stack.append(label)
         self.label = label
 
     def _fw_post_hook(self, mod, input, output):
-        label = self._label(mod)
+        seen = self._labels.get(id(mod))
+        label = seen[1] if seen is not None else self._name_tree(mod, type(mod).__name__)
         stack = self._stack
         if stack and stack[-1] is label:
             stack.pop()
         else:  # a hook raised between this module's pre and post hooks: find it further down
             for i in range(len(stack) - 1, -1, -1):
-                if stack[i] is label:
+                if stack[i][0] == label[0]:
                     del stack[i]
                     break
         self.label = stack[-1] if stack else _GLOBAL_LABEL
@@ -203,6 +226,7 @@ def _is_internal(filename: str) -> bool:
 #: Fields per tensor in ``_RecorderMode.tensors``, a flat list:
 #: (seq, role, position, item, identity, layout, is_param).
 TENSOR_FIELDS = 7
+_LAYOUT = 5  # where the layout number is among them
 
 
 class _RecorderMode(TorchDispatchMode):
@@ -234,13 +258,16 @@ class _RecorderMode(TorchDispatchMode):
         self._first_nr = self._last_nr = _sequence_nr()
         self._node_nrs: list[int] = []
         self._node_labels: list[tuple[str, str]] = []
+        self._last_node = self._last_node_label = None
 
     # -- hot path ---------------------------------------------------------------------------
     # A tensor's identity is ``weakref.ref(t)``: CPython hands back the one plain reference an
     # object already has, so it is a C call with no table; the log keeps each reference alive,
     # so a new tensor at a dead one's address (a reused ``id()``) gets a reference of its own.
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        info = _OP_INFO.get(func) or _op_info(func)
+        info = _OP_INFO.get(id(func))
+        if info is None or info.func is not func:
+            info = _op_info(func)
         seq = len(self.events)
         tensors = self.tensors
         first = len(tensors)
@@ -259,11 +286,11 @@ class _RecorderMode(TorchDispatchMode):
                     if isinstance(x, _Tensor):
                         ext((seq, INPUT, i, j, _weakref(x),
                              layout((x.shape, x.stride(), x.storage_offset(), x.dtype, x.device), count()),
-                             self._is_param(x)))
+                             False if type(x) is _Tensor else self._is_param(x)))
             elif isinstance(a, _Tensor):
                 ext((seq, INPUT, i, -1, _weakref(a),
                      layout((a.shape, a.stride(), a.storage_offset(), a.dtype, a.device), count()),
-                     False if type(a) is _Tensor else self._is_param(a)))
+                     False if type(a) is _Tensor else True if type(a) is _Parameter else self._is_param(a)))
         if kwargs:
             names = info.arg_names
             for k, a in kwargs.items():
@@ -303,6 +330,7 @@ class _RecorderMode(TorchDispatchMode):
         ))
         if isinstance(out, _Tensor):
             ext((seq, OUTPUT, 0, -1, _weakref(out),
+                 tensors[first + _LAYOUT] if info.keeps_layout and len(tensors) > first else
                  layout((out.shape, out.stride(), out.storage_offset(), out.dtype, out.device), count()),
                  False))
         elif type(out) in (list, tuple):
@@ -340,13 +368,16 @@ class _RecorderMode(TorchDispatchMode):
         node = _current_node()
         if node is None:
             return _GLOBAL_LABEL
+        if node is self._last_node:  # a node that runs several ops
+            return self._last_node_label
         nr = node._sequence_nr()
         if self._first_nr <= nr < self._last_nr:
-            return self._node_labels[bisect_right(self._node_nrs, nr)]
-        var = getattr(node, "variable", None)
-        if var is None:
-            return _GLOBAL_LABEL
-        return (self.tracker.param_modules.get(id(var), "Global"), "")
+            label = self._node_labels[bisect_right(self._node_nrs, nr)]
+        else:
+            var = getattr(node, "variable", None)
+            label = _GLOBAL_LABEL if var is None else (self.tracker.param_modules.get(id(var), "Global"), "")
+        self._last_node, self._last_node_label = node, label
+        return label
 
     def _user_line(self) -> str:
         """The user's line: the first frame outside torch and auditor."""
@@ -391,6 +422,7 @@ class _RecorderMode(TorchDispatchMode):
         self.tensors = []
         self._node_nrs = []
         self._node_labels = []
+        self._last_node = self._last_node_label = None
 
 
 def tensor_sig(role: int, position: int, arg: str, is_view: bool, layout: tuple, is_param: bool) -> rules.TensorSig:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 
 import pandas as pd
@@ -168,6 +169,24 @@ def test_backward_attribution_of_custom_functions_and_graphs_built_before_record
     assert acc["op"].tolist() == ["aten.add_.Tensor"] * 2
 
 
+def test_module_names_follow_torchs_module_tracker():
+    from torch.utils.module_tracker import ModuleTracker
+
+    from auditor.recorder import _Tracker
+
+    shared = nn.Conv2d(3, 3, 1)
+    branch = nn.Sequential(shared, nn.ReLU())
+    tied = nn.Sequential(nn.Conv2d(3, 3, 1), branch, nn.Sequential(shared))  # shared twice
+    for model in (torchvision.models.resnet18(), tied):
+        theirs, ours = ModuleTracker(), _Tracker()
+        first = branch if model is tied else model.layer1  # a submodule seen before its root
+        for mod in (first, model):
+            theirs._get_mod_name(mod)
+            ours._fw_pre_hook(mod, ())
+        for mod in model.modules():
+            assert ours._labels[id(mod)][1] == (theirs._get_mod_name(mod), ""), mod
+
+
 def test_wrapper_modules_do_not_prefix_names():
     from auditor.recorder import module_names
 
@@ -254,15 +273,14 @@ def test_identity_survives_id_reuse():
     ids = []
     with auditor.FormatAuditor() as fa:
         for i in range(200):
-            t = torch.full((3,), float(i)) * 2
+            t = torch.full((3,), float(i))
             ids.append(id(t))
             del t  # freed at once (reference counting): its id() is free for the next tensor
     assert len(set(ids)) < len(ids), "CPython did not reuse an id; the test proves nothing"
     ts = fa.audit.tensors
-    outs = ts[(ts["role"] == "output")]
-    mul = fa.audit.events.index[fa.audit.events["op"] == "aten.mul.Tensor"]
-    mul_out = outs[outs["seq"].isin(mul)]["tid"]
-    assert mul_out.nunique() == 200
+    full = fa.audit.events.index[fa.audit.events["op"] == "aten.full.default"]
+    assert len(full) == 200
+    assert ts[ts["seq"].isin(full)]["tid"].nunique() == 200
 
 
 def test_optimizer_steps_are_phase_other():
@@ -515,3 +533,28 @@ def test_audit_rejects_bad_input():
     fa = auditor.FormatAuditor()
     with pytest.raises(RuntimeError, match="with"):
         _ = fa.audit
+
+
+def test_results_that_keep_their_inputs_layout_are_logged_as_if_read(monkeypatch):
+    """detach, alias and in-place pointwise results reuse argument 0's layout number instead
+    of reading their own sizes and strides: the log must be the same as when they are read."""
+    from auditor import recorder
+
+    model, x = tv("resnet18")
+    kept = auditor.audit(model, x)
+    ops = set(kept.events["op"].astype(str))
+    assert {"aten.detach.default", "aten.relu_.default", "aten.add_.Tensor"} <= ops
+    monkeypatch.setattr(recorder, "_OP_INFO", {})
+    original = recorder._op_info
+
+    def never_kept(func):
+        info = dataclasses.replace(original(func), keeps_layout=False)
+        recorder._OP_INFO[id(func)] = info
+        return info
+
+    monkeypatch.setattr(recorder, "_op_info", never_kept)
+    model.zero_grad(set_to_none=True)
+    read = auditor.audit(model, x)
+    assert all(not i.keeps_layout for i in recorder._OP_INFO.values())
+    assert_frame_equal(kept.tensors, read.tensors)
+    assert_frame_equal(kept.events.drop(columns="duration_us"), read.events.drop(columns="duration_us"))
