@@ -89,6 +89,18 @@ def _factorize(values) -> tuple[list, np.ndarray]:
     return list(index), codes
 
 
+def _first_seen(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Integer keys -> (the row where each distinct key first occurs, in first-seen order;
+    each row's code into that order), vectorised."""
+    if not len(ids):
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+    order = np.argsort(first)
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    return first[order], rank[inverse.ravel()]
+
+
 def build_frames(raw: RawLog) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Raw tuples -> (events, tensors), the only place DataFrames are made from a recording.
 
@@ -100,7 +112,8 @@ def build_frames(raw: RawLog) -> tuple[pd.DataFrame, pd.DataFrame]:
     funcs, phases, labels, requested, durations = zip(*raw.events) if n else ((),) * 5
     modules = [label[0] for label in labels]
     mod_map = module_names(dict.fromkeys(modules), raw.module_types)
-    ops, op_code = _factorize(funcs)
+    op_first, op_code = _first_seen(np.fromiter(map(id, funcs), dtype=np.int64, count=n))
+    ops = [funcs[i] for i in op_first.tolist()]
 
     flat = raw.tensors
     m = len(flat) // TENSOR_FIELDS
@@ -108,7 +121,8 @@ def build_frames(raw: RawLog) -> tuple[pd.DataFrame, pd.DataFrame]:
     role = np.array(flat[1::TENSOR_FIELDS], dtype=np.int8)
     position = np.array(flat[2::TENSOR_FIELDS], dtype=np.int16)
     item = np.array(flat[3::TENSOR_FIELDS], dtype=np.int16)
-    _, tid = _factorize(map(id, flat[4::TENSOR_FIELDS]))  # one weak reference per tensor
+    # one weak reference per tensor, kept alive by the log: its id() is the tensor's identity
+    _, tid = _first_seen(np.fromiter(map(id, flat[4::TENSOR_FIELDS]), dtype=np.int64, count=m))
     layout = np.array(flat[5::TENSOR_FIELDS], dtype=np.int64)
     # argument name and view flag: once per distinct (op, role, position, item is set)
     slot_key = ((op_code[seq] * 2 + role) * 65536 + position + 1) * 2 + (item >= 0) if m else seq
@@ -152,29 +166,32 @@ def build_frames(raw: RawLog) -> tuple[pd.DataFrame, pd.DataFrame]:
             "bytes": u_bytes[layout],
         }
     )
-    # the label of each event's first input and first result
-    label_of_row = np.array(u_label + [""], dtype=object)[layout] if m else np.empty(0, dtype=object)
+    # the label of each event's first input and first result ("" where it has none)
+    labels_and_none = u_label + [""]
     rows_idx = np.arange(m)
     firsts = []
     for r in (0, 1):
         pick = rows_idx[role == r][::-1]
         first = np.full(n, -1, dtype=np.int64)
         first[seq[pick]] = pick
-        firsts.append(np.where(first >= 0, label_of_row[np.maximum(first, 0)] if m else "", ""))
-    in_format, out_format = (list(f) for f in firsts)
+        firsts.append(np.where(first >= 0, layout[np.maximum(first, 0)] if m else 0, len(u_label)))
+    in_format, out_format = firsts
+    module_code, module_raw = pd.factorize(np.array(modules, dtype=object))
+    source_code, sources = pd.factorize(np.array([label[1] for label in labels], dtype=object))
+    formats, format_code = _factorize(requested)
     events = pd.DataFrame(
         {
             "seq": np.arange(n, dtype=np.int32),
             "op": _from_codes([str(f) for f in ops], op_code, "op"),
             "phase": pd.Categorical.from_codes(np.asarray(phases, dtype=np.int8), categories=list(PHASES)),
-            "module": _categorical([mod_map[mo][0] for mo in modules], "module"),
-            "module_type": _categorical([mod_map[mo][1] for mo in modules], "module_type"),
-            "source": _categorical([label[1] for label in labels], "source"),
-            "requested_format": _categorical(
-                ["" if f is None else str(f).replace("torch.", "") for f in requested], "requested_format"
+            "module": _from_codes([mod_map[mo][0] for mo in module_raw], module_code, "module"),
+            "module_type": _from_codes([mod_map[mo][1] for mo in module_raw], module_code, "module_type"),
+            "source": _from_codes(sources, source_code, "source"),
+            "requested_format": _from_codes(
+                ["" if f is None else str(f).replace("torch.", "") for f in formats], format_code, "requested_format"
             ),
-            "in_format": _categorical(in_format, "in_format"),
-            "out_format": _categorical(out_format, "out_format"),
+            "in_format": _from_codes(labels_and_none, in_format, "in_format"),
+            "out_format": _from_codes(labels_and_none, out_format, "out_format"),
             "duration_us": np.where(
                 np.asarray(durations, dtype=np.float64) < 0, np.nan, np.asarray(durations, dtype=np.float64) / 1e3
             )

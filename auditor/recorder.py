@@ -247,6 +247,7 @@ class _RecorderMode(TorchDispatchMode):
         self.tensors: list = []  # TENSOR_FIELDS values per tensor
         # (shape, strides, storage_offset, dtype, device) -> layout number
         self.layouts: dict[tuple, int] = {}
+        self._extend, self._layout, self._count = self.tensors.extend, self.layouts.setdefault, self.layouts.__len__
         self.optimizer_depth = 0
         self._layout_keys: list[tuple] = []  # layout number -> key, for strict mode
         self._param_types: dict[type, object] = {}
@@ -271,10 +272,7 @@ class _RecorderMode(TorchDispatchMode):
         seq = len(self.events)
         tensors = self.tensors
         first = len(tensors)
-        ext = tensors.extend
-        layouts = self.layouts
-        layout = layouts.setdefault
-        count = layouts.__len__
+        ext, layout, count = self._extend, self._layout, self._count
         nargs = len(args)
         # inputs are read before the call: in-place metadata ops (as_strided_, ...) change them
         for i in info.tensor_args:
@@ -418,8 +416,9 @@ class _RecorderMode(TorchDispatchMode):
             )
 
     def release(self) -> None:
-        """Drop every reference to user tensors once recording is over."""
+        """Drop every reference to user tensors and autograd nodes once recording is over."""
         self.tensors = []
+        self._extend = self.tensors.extend
         self._node_nrs = []
         self._node_labels = []
         self._last_node = self._last_node_label = None
