@@ -43,6 +43,7 @@ _Parameter = torch.nn.Parameter
 _graph_task_id = torch._C._current_graph_task_id
 _current_node = torch._C._current_autograd_node
 _sequence_nr = torch._C._autograd._get_sequence_nr
+_set_eval_frame = torch._C._dynamo.eval_frame.set_eval_frame
 _perf_counter_ns = time.perf_counter_ns
 _weakref = weakref.ref
 
@@ -63,6 +64,7 @@ class _OpInfo:
     list_return: bool  # the op returns one Tensor[] (split, chunk, unbind)
     tensor_args: tuple[int, ...]  # positions that can hold a tensor or a list of them
     keeps_layout: bool  # the one result has the layout of argument 0 (detach, relu_, add_, ...)
+    plain: bool  # an OpOverload whose __call__ only forwards to the C++ op in ``_op``
 
     def slot(self, role: int, position: int, item: int) -> tuple[str, bool]:
         """(argument name, is a view) of the tensor a raw row puts at (role, position, item)."""
@@ -83,6 +85,9 @@ _WRAPPERS = frozenset({"DistributedDataParallel", "DataParallel", "FullyShardedD
 _OP_INFO: dict[int, _OpInfo] = {}
 _HIDDEN_VIEWS = frozenset({"aten._unsafe_view.default", "aten._reshape_alias.default"})
 _SAME_LAYOUT = frozenset({"aten.detach.default", "aten.alias.default"})
+#: torch's OpOverload.__call__ is ``self._op(...)`` unless ``_pyobj_dispatcher`` is set (the
+#: version this was written against); on a torch without that attribute, always call ``func``.
+_FORWARDING_CALL = "_pyobj_dispatcher" in vars(torch.ops.aten.add.Tensor)
 
 
 def op_info(func) -> _OpInfo:
@@ -111,7 +116,7 @@ def _op_info(func) -> _OpInfo:
     info = _OpInfo(
         func, str(func), names, views,
         names.index("memory_format") if "memory_format" in names else -1, list_return,
-        tensor_args, keeps_layout,
+        tensor_args, keeps_layout, type(func) is torch._ops.OpOverload and _FORWARDING_CALL,
     )
     _OP_INFO[id(func)] = info
     return info
@@ -223,6 +228,9 @@ def _is_internal(filename: str) -> bool:
     return filename.startswith((_TORCH_DIR, _AUDITOR_DIR)) or filename.startswith("<frozen")
 
 
+#: Whether Dynamo skips the mode's dispatch code (settled below, after the class is made).
+_SKIPPED_BY_DYNAMO = True
+
 #: Fields per tensor in ``_RecorderMode.tensors``, a flat list:
 #: (seq, role, position, item, identity, layout, is_param).
 TENSOR_FIELDS = 7
@@ -262,92 +270,108 @@ class _RecorderMode(TorchDispatchMode):
         self._last_node = self._last_node_label = None
 
     # -- hot path ---------------------------------------------------------------------------
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # TorchDispatchMode wraps every subclass's __torch_dispatch__ in torch._disable_dynamo,
+        # four Python calls per op. Instead the dispatch's code is marked for Dynamo to skip
+        # (torch._dynamo.eval_frame.skip_code) and clears the frame hook for its duration,
+        # which is what the wrapper does; where that mark cannot be set, the wrapper stays.
+        return not _SKIPPED_BY_DYNAMO
+
     # A tensor's identity is ``weakref.ref(t)``: CPython hands back the one plain reference an
     # object already has, so it is a C call with no table; the log keeps each reference alive,
     # so a new tensor at a dead one's address (a reused ``id()``) gets a reference of its own.
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        info = _OP_INFO.get(id(func))
-        if info is None or info.func is not func:
-            info = _op_info(func)
-        seq = len(self.events)
-        tensors = self.tensors
-        first = len(tensors)
-        ext, layout, count = self._extend, self._layout, self._count
-        nargs = len(args)
-        # inputs are read before the call: in-place metadata ops (as_strided_, ...) change them
-        for i in info.tensor_args:
-            if i >= nargs:
-                break
-            a = args[i]
-            if type(a) in (list, tuple):
-                for j, x in enumerate(a):
-                    if isinstance(x, _Tensor):
-                        ext((seq, INPUT, i, j, _weakref(x),
-                             layout((x.shape, x.stride(), x.storage_offset(), x.dtype, x.device), count()),
-                             False if type(x) is _Tensor else self._is_param(x)))
-            elif isinstance(a, _Tensor):
-                ext((seq, INPUT, i, -1, _weakref(a),
-                     layout((a.shape, a.stride(), a.storage_offset(), a.dtype, a.device), count()),
-                     False if type(a) is _Tensor else True if type(a) is _Parameter else self._is_param(a)))
-        if kwargs:
-            names = info.arg_names
-            for k, a in kwargs.items():
-                if isinstance(a, _Tensor):
-                    ext((seq, INPUT, names.index(k) if k in names else -1, -1, _weakref(a),
-                         layout((a.shape, a.stride(), a.storage_offset(), a.dtype, a.device), count()),
-                         False))
+        prior = _set_eval_frame(None)  # keep Dynamo out of the recorder (see _should_skip_dynamo)
         try:
-            if self.record_time:
-                start = _perf_counter_ns()
-                out = func(*args, **kwargs) if kwargs else func(*args)
-                duration = _perf_counter_ns() - start
-            else:
-                out = func(*args, **kwargs) if kwargs else func(*args)
-                duration = -1
-        except BaseException:
-            del tensors[first:]  # the op never happened: no rows for it
-            raise
-        if _graph_task_id() != -1:
-            phase = BACKWARD
-            label = self._backward_label()
-        else:
-            phase = OTHER if self.optimizer_depth else FORWARD
-            label = self.tracker.label
-            if self.record_source:
-                label = (label[0], self._user_line())
-            nr = _sequence_nr()
-            if nr != self._last_nr:  # this op created autograd nodes
-                self._last_nr = nr
-                self._node_nrs.append(nr)
-                self._node_labels.append(label)
-        mf = info.memory_format_index
-        self.events.append((
-            func, phase, label,
-            None if mf < 0 else (kwargs or {}).get("memory_format") if mf >= nargs else args[mf],
-            duration,
-        ))
-        if isinstance(out, _Tensor):
-            ext((seq, OUTPUT, 0, -1, _weakref(out),
-                 tensors[first + _LAYOUT] if info.keeps_layout and len(tensors) > first else
-                 layout((out.shape, out.stride(), out.storage_offset(), out.dtype, out.device), count()),
-                 False))
-        elif type(out) in (list, tuple):
-            list_return = info.list_return  # one Tensor[] result (split, unbind): item i of it
-            for i, o in enumerate(out):
-                if isinstance(o, _Tensor):
-                    pos, item = (0, i) if list_return else (i, -1)
-                    ext((seq, OUTPUT, pos, item, _weakref(o),
-                         layout((o.shape, o.stride(), o.storage_offset(), o.dtype, o.device), count()),
-                         False))
-                elif type(o) in (list, tuple):
-                    for j, x in enumerate(o):
+            info = _OP_INFO.get(id(func))
+            if info is None or info.func is not func:
+                info = _op_info(func)
+            seq = len(self.events)
+            tensors = self.tensors
+            first = len(tensors)
+            ext, layout, count = self._extend, self._layout, self._count
+            nargs = len(args)
+            # inputs are read before the call: in-place metadata ops (as_strided_, ...) change them
+            for i in info.tensor_args:
+                if i >= nargs:
+                    break
+                a = args[i]
+                if type(a) in (list, tuple):
+                    for j, x in enumerate(a):
                         if isinstance(x, _Tensor):
-                            ext((seq, OUTPUT, i, j, _weakref(x),
+                            ext((seq, INPUT, i, j, _weakref(x),
                                  layout((x.shape, x.stride(), x.storage_offset(), x.dtype, x.device), count()),
-                                 False))
-        if self.strict:
-            self._check_strict(seq, info, tensors[first:])
-        return out
+                                 False if type(x) is _Tensor else self._is_param(x)))
+                elif isinstance(a, _Tensor):
+                    ext((seq, INPUT, i, -1, _weakref(a),
+                         layout((a.shape, a.stride(), a.storage_offset(), a.dtype, a.device), count()),
+                         False if type(a) is _Tensor else True if type(a) is _Parameter else self._is_param(a)))
+            if kwargs:
+                names = info.arg_names
+                for k, a in kwargs.items():
+                    if isinstance(a, _Tensor):
+                        ext((seq, INPUT, names.index(k) if k in names else -1, -1, _weakref(a),
+                             layout((a.shape, a.stride(), a.storage_offset(), a.dtype, a.device), count()),
+                             False))
+            # OpOverload.__call__ calls its C++ op (``_op``) unless a Python dispatcher is set:
+            # calling that op here saves a Python frame per op
+            call = func._op if info.plain and func._pyobj_dispatcher is None else func
+            try:
+                if self.record_time:
+                    start = _perf_counter_ns()
+                    out = call(*args, **kwargs) if kwargs else call(*args)
+                    duration = _perf_counter_ns() - start
+                else:
+                    out = call(*args, **kwargs) if kwargs else call(*args)
+                    duration = -1
+            except BaseException:
+                del tensors[first:]  # the op never happened: no rows for it
+                raise
+            if _graph_task_id() != -1:
+                phase = BACKWARD
+                label = self._backward_label()
+            else:
+                phase = OTHER if self.optimizer_depth else FORWARD
+                label = self.tracker.label
+                if self.record_source:
+                    label = (label[0], self._user_line())
+                nr = _sequence_nr()
+                if nr != self._last_nr:  # this op created autograd nodes
+                    self._last_nr = nr
+                    self._node_nrs.append(nr)
+                    self._node_labels.append(label)
+            mf = info.memory_format_index
+            self.events.append((
+                func, phase, label,
+                None if mf < 0 else (kwargs or {}).get("memory_format") if mf >= nargs else args[mf],
+                duration,
+            ))
+            if isinstance(out, _Tensor):
+                ext((seq, OUTPUT, 0, -1, _weakref(out),
+                     tensors[first + _LAYOUT] if info.keeps_layout and len(tensors) > first else
+                     layout((out.shape, out.stride(), out.storage_offset(), out.dtype, out.device), count()),
+                     False))
+            elif type(out) in (list, tuple):
+                list_return = info.list_return  # one Tensor[] result (split, unbind): item i of it
+                for i, o in enumerate(out):
+                    if isinstance(o, _Tensor):
+                        pos, item = (0, i) if list_return else (i, -1)
+                        ext((seq, OUTPUT, pos, item, _weakref(o),
+                             layout((o.shape, o.stride(), o.storage_offset(), o.dtype, o.device), count()),
+                             False))
+                    elif type(o) in (list, tuple):
+                        for j, x in enumerate(o):
+                            if isinstance(x, _Tensor):
+                                ext((seq, OUTPUT, i, j, _weakref(x),
+                                     layout((x.shape, x.stride(), x.storage_offset(), x.dtype, x.device), count()),
+                                     False))
+            if self.strict:
+                self._check_strict(seq, info, tensors[first:])
+            return out
+        finally:
+            if prior is not None:  # a compiled function is running: give its frame hook back
+                _set_eval_frame(prior)
 
     def _is_param(self, t) -> bool:
         kind = self._param_types.get(type(t))
@@ -423,6 +447,23 @@ class _RecorderMode(TorchDispatchMode):
         self._node_labels = []
         self._last_node = self._last_node_label = None
 
+
+
+def _skip_in_dynamo(code) -> bool:
+    """What torch._dynamo.eval_frame.skip_code does, without importing torch._dynamo."""
+    try:
+        frames = torch._C._dynamo.eval_frame
+        frames.set_code_exec_strategy(
+            code, frames._FrameExecStrategy(frames._FrameAction.SKIP, frames._FrameAction.DEFAULT)
+        )
+    except (AttributeError, TypeError, RuntimeError):
+        return False
+    return True
+
+
+_SKIPPED_BY_DYNAMO = _skip_in_dynamo(_RecorderMode.__torch_dispatch__.__code__)
+if not _SKIPPED_BY_DYNAMO:  # then torch's wrapper, as for any other mode
+    _RecorderMode.__init_subclass__()
 
 def tensor_sig(role: int, position: int, arg: str, is_view: bool, layout: tuple, is_param: bool) -> rules.TensorSig:
     """A raw tensor row, its slot and its layout key -> the rule's view of it."""

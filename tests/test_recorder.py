@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import warnings
 
 import pandas as pd
 import pytest
@@ -558,3 +559,28 @@ def test_results_that_keep_their_inputs_layout_are_logged_as_if_read(monkeypatch
     assert all(not i.keeps_layout for i in recorder._OP_INFO.values())
     assert_frame_equal(kept.tensors, read.tensors)
     assert_frame_equal(kept.events.drop(columns="duration_us"), read.events.drop(columns="duration_us"))
+
+
+def test_compiled_functions_run_inside_a_recording():
+    """The mode clears Dynamo's frame hook itself rather than through torch's per-op wrapper:
+    compiled code called inside the block must still run, be recorded, and compile after."""
+
+    def f(x):
+        return torch.relu(x) * 2 + 1
+
+    compiled = torch.compile(f, backend="eager")
+    x = torch.randn(2, 3, 4, 4).to(memory_format=CL)
+    with warnings.catch_warnings(record=True) as caught, auditor.FormatAuditor() as fa:
+        warnings.simplefilter("always")
+        y = compiled(x)
+    assert not [w for w in caught if "Dynamo" in str(w.message)], [str(w.message) for w in caught]
+    assert torch.equal(y, f(x))
+    assert fa.audit.events["op"].astype(str).tolist() == ["aten.relu.default", "aten.mul.Tensor", "aten.add.Tensor"]
+    assert torch.equal(compiled(x), f(x))  # and outside it
+
+
+def test_dynamo_skip_mark_reports_failure_instead_of_raising():
+    from auditor import recorder
+
+    assert recorder._SKIPPED_BY_DYNAMO  # torch 2.14: the mark is set, no per-op wrapper
+    assert not recorder._skip_in_dynamo(object())  # not a code object: the wrapper would stay
