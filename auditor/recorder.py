@@ -1,15 +1,17 @@
-"""The recorder: a TorchDispatchMode that appends one raw row per aten op, and nothing else.
+"""The recorder: a TorchDispatchMode that appends raw values per aten op, and nothing else.
 
-This is the hot path (one call per aten op), so it only appends tuples of values that are
-cheap to read (sizes, strides, dtype, ...). Labels, bytes and DataFrames are built once, at
-the end, by :mod:`auditor.log`. Module attribution reuses torch's ``ModuleTracker`` in forward
-and labels autograd nodes for backward.
+This is the hot path (one call per aten op), so it only appends what is cheap to read: one
+event tuple per op and seven values per tensor (a weak reference as its identity, an interned
+layout number). Labels, bytes and DataFrames are built once, at the end, by :mod:`auditor.log`.
+Module attribution uses torch's ``ModuleTracker`` hooks in forward; a backward op takes the
+module of the forward op that created its autograd node, found by the node's sequence number.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 import weakref
 from bisect import bisect_right
@@ -43,6 +45,7 @@ _Parameter = torch.nn.Parameter
 _graph_task_id = torch._C._current_graph_task_id
 _current_node = torch._C._current_autograd_node
 _sequence_nr = torch._C._autograd._get_sequence_nr
+_get_ident = threading.get_ident
 _set_eval_frame = torch._C._dynamo.eval_frame.set_eval_frame
 _perf_counter_ns = time.perf_counter_ns
 _weakref = weakref.ref
@@ -265,6 +268,7 @@ class _RecorderMode(TorchDispatchMode):
         # mode): _node_labels[i] is the (module, source) of the first op that saw the counter
         # at _node_nrs[i], the op that created nodes _node_nrs[i - 1] .. _node_nrs[i] - 1.
         self._first_nr = self._last_nr = _sequence_nr()
+        self._thread = _get_ident()  # whose counter that is (backward may run on other threads)
         self._node_nrs: list[int] = []
         self._node_labels: list[tuple[str, str]] = []
         self._last_node = self._last_node_label = None
@@ -331,6 +335,12 @@ class _RecorderMode(TorchDispatchMode):
             if _graph_task_id() != -1:
                 phase = BACKWARD
                 label = self._backward_label()
+                if self._thread == _get_ident():  # backward that builds a graph (create_graph,
+                    nr = _sequence_nr()  # checkpoint recomputation): its nodes are this op's
+                    if nr != self._last_nr:
+                        self._last_nr = nr
+                        self._node_nrs.append(nr)
+                        self._node_labels.append(label)
             else:
                 phase = OTHER if self.optimizer_depth else FORWARD
                 label = self.tracker.label

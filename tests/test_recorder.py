@@ -170,6 +170,30 @@ def test_backward_attribution_of_custom_functions_and_graphs_built_before_record
     assert acc["op"].tolist() == ["aten.add_.Tensor"] * 2
 
 
+def test_backward_of_a_backward_is_attributed_to_the_modules():
+    """create_graph=True: the first backward builds nodes; their backward (a gradient penalty)
+    belongs to the modules whose backward ops built them, not to <global>."""
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+            self.act = nn.Tanh()
+            self.head = nn.Linear(4, 1)
+
+        def forward(self, x):
+            return self.head(self.act(self.lin(x)))
+
+    net, x = Net(), torch.randn(3, 4, requires_grad=True)
+    with auditor.FormatAuditor() as fa:
+        (g,) = torch.autograd.grad(net(x).sum(), x, create_graph=True)
+        g.pow(2).sum().backward()
+    ev = fa.audit.events
+    second = ev[(ev["phase"] == "backward") & (ev["seq"] > ev.index[ev["op"] == "aten.pow.Tensor_Scalar"][0])]
+    assert set(second.loc[second["op"] == "aten.mm.default", "module"]) == {"lin", "head"}
+    assert set(second.loc[second["op"] == "aten.tanh_backward.default", "module"]) == {"act"}
+
+
 def test_module_names_follow_torchs_module_tracker():
     from torch.utils.module_tracker import ModuleTracker
 
