@@ -42,6 +42,8 @@ _GLOBAL_LABEL = ("Global", "")
 
 _Tensor = torch.Tensor
 _Parameter = torch.nn.Parameter
+#: ``t.device`` makes a new object per call; a CPU tensor's layout key shares this one
+_CPU = torch.device("cpu")
 _graph_task_id = torch._C._current_graph_task_id
 _current_node = torch._C._current_autograd_node
 _sequence_nr = torch._C._autograd._get_sequence_nr
@@ -305,18 +307,18 @@ class _RecorderMode(TorchDispatchMode):
                     for j, x in enumerate(a):
                         if isinstance(x, _Tensor):
                             ext((seq, INPUT, i, j, _weakref(x),
-                                 layout((x.shape, x.stride(), x.storage_offset(), x.dtype, x.device), count()),
+                                 layout((x.shape, x.stride(), x.storage_offset(), x.dtype, _CPU if x.is_cpu else x.device), count()),
                                  False if type(x) is _Tensor else self._is_param(x)))
                 elif isinstance(a, _Tensor):
                     ext((seq, INPUT, i, -1, _weakref(a),
-                         layout((a.shape, a.stride(), a.storage_offset(), a.dtype, a.device), count()),
+                         layout((a.shape, a.stride(), a.storage_offset(), a.dtype, _CPU if a.is_cpu else a.device), count()),
                          False if type(a) is _Tensor else True if type(a) is _Parameter else self._is_param(a)))
             if kwargs:
                 names = info.arg_names
                 for k, a in kwargs.items():
                     if isinstance(a, _Tensor):
                         ext((seq, INPUT, names.index(k) if k in names else -1, -1, _weakref(a),
-                             layout((a.shape, a.stride(), a.storage_offset(), a.dtype, a.device), count()),
+                             layout((a.shape, a.stride(), a.storage_offset(), a.dtype, _CPU if a.is_cpu else a.device), count()),
                              False))
             # OpOverload.__call__ calls its C++ op (``_op``) unless a Python dispatcher is set:
             # calling that op here saves a Python frame per op
@@ -360,7 +362,7 @@ class _RecorderMode(TorchDispatchMode):
             if isinstance(out, _Tensor):
                 ext((seq, OUTPUT, 0, -1, _weakref(out),
                      tensors[first + _LAYOUT] if info.keeps_layout and len(tensors) > first else
-                     layout((out.shape, out.stride(), out.storage_offset(), out.dtype, out.device), count()),
+                     layout((out.shape, out.stride(), out.storage_offset(), out.dtype, _CPU if out.is_cpu else out.device), count()),
                      False))
             elif type(out) in (list, tuple):
                 list_return = info.list_return  # one Tensor[] result (split, unbind): item i of it
@@ -368,13 +370,13 @@ class _RecorderMode(TorchDispatchMode):
                     if isinstance(o, _Tensor):
                         pos, item = (0, i) if list_return else (i, -1)
                         ext((seq, OUTPUT, pos, item, _weakref(o),
-                             layout((o.shape, o.stride(), o.storage_offset(), o.dtype, o.device), count()),
+                             layout((o.shape, o.stride(), o.storage_offset(), o.dtype, _CPU if o.is_cpu else o.device), count()),
                              False))
                     elif type(o) in (list, tuple):
                         for j, x in enumerate(o):
                             if isinstance(x, _Tensor):
                                 ext((seq, OUTPUT, i, j, _weakref(x),
-                                     layout((x.shape, x.stride(), x.storage_offset(), x.dtype, x.device), count()),
+                                     layout((x.shape, x.stride(), x.storage_offset(), x.dtype, _CPU if x.is_cpu else x.device), count()),
                                      False))
             if self.strict:
                 self._check_strict(seq, info, tensors[first:])
