@@ -265,10 +265,11 @@ class _RecorderMode(TorchDispatchMode):
         self._layout_keys: list[tuple] = []  # layout number -> key, for strict mode
         self._param_types: dict[type, object] = {}
         self._internal_code: dict = {}
-        # Which forward op created each autograd node, by the node's sequence number (the
-        # thread's counter, bumped as autograd creates a node, before the op reaches this
+        # Which recorded op created each autograd node, by the node's sequence number (this
+        # thread's counter, bumped as autograd creates a node, before the op reaches the
         # mode): _node_labels[i] is the (module, source) of the first op that saw the counter
         # at _node_nrs[i], the op that created nodes _node_nrs[i - 1] .. _node_nrs[i] - 1.
+        # Nodes numbered below _first_nr were made before recording began.
         self._first_nr = self._last_nr = _sequence_nr()
         self._thread = _get_ident()  # whose counter that is (backward may run on other threads)
         self._node_nrs: list[int] = []
@@ -393,7 +394,8 @@ class _RecorderMode(TorchDispatchMode):
 
     # -- module and source labels -----------------------------------------------------------
     def _backward_label(self) -> tuple[str, str]:
-        """The module and line of the forward op that created the node now running backward.
+        """The module and line of the op that created the node now running backward (a forward
+        op; with ``create_graph=True``, a backward op).
 
         This is how torch's own tracing tags backward nodes (``seq_nr`` in ``torch.fx.proxy``).
         Gradient accumulation into a parameter (AccumulateGrad) belongs to the parameter's
