@@ -274,7 +274,8 @@ class _RecorderMode(TorchDispatchMode):
         self._thread = _get_ident()  # whose counter that is (backward may run on other threads)
         self._node_nrs: list[int] = []
         self._node_labels: list[tuple[str, str]] = []
-        self._last_node = self._last_node_label = None
+        # a node may run several ops; no node (the engine summing gradients) is <global>
+        self._last_node, self._last_node_label = None, _GLOBAL_LABEL
 
     # -- hot path ---------------------------------------------------------------------------
     @classmethod
@@ -337,7 +338,8 @@ class _RecorderMode(TorchDispatchMode):
                 raise
             if _graph_task_id() != -1:
                 phase = BACKWARD
-                label = self._backward_label()
+                node = _current_node()
+                label = self._last_node_label if node is self._last_node else self._backward_label(node)
                 if self._thread == _get_ident():  # backward that builds a graph (create_graph,
                     nr = _sequence_nr()  # checkpoint recomputation): its nodes are this op's
                     if nr != self._last_nr:
@@ -393,7 +395,7 @@ class _RecorderMode(TorchDispatchMode):
         return getattr(t, "_is_param", False) if kind is _BY_INSTANCE else kind
 
     # -- module and source labels -----------------------------------------------------------
-    def _backward_label(self) -> tuple[str, str]:
+    def _backward_label(self, node) -> tuple[str, str]:
         """The module and line of the op that created the node now running backward (a forward
         op; with ``create_graph=True``, a backward op).
 
@@ -401,11 +403,8 @@ class _RecorderMode(TorchDispatchMode):
         Gradient accumulation into a parameter (AccumulateGrad) belongs to the parameter's
         module; a node created before recording began has no module (``<global>``).
         """
-        node = _current_node()
         if node is None:
             return _GLOBAL_LABEL
-        if node is self._last_node:  # a node that runs several ops
-            return self._last_node_label
         nr = node._sequence_nr()
         if self._first_nr <= nr < self._last_nr:
             label = self._node_labels[bisect_right(self._node_nrs, nr)]
@@ -459,7 +458,7 @@ class _RecorderMode(TorchDispatchMode):
         self._extend = self.tensors.extend
         self._node_nrs = []
         self._node_labels = []
-        self._last_node = self._last_node_label = None
+        self._last_node, self._last_node_label = None, _GLOBAL_LABEL
 
 
 
