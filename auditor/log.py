@@ -124,13 +124,15 @@ def build_frames(raw: RawLog) -> tuple[pd.DataFrame, pd.DataFrame]:
     # one weak reference per tensor, kept alive by the log: its id() is the tensor's identity
     _, tid = _first_seen(np.fromiter(map(id, flat[4::TENSOR_FIELDS]), dtype=np.int64, count=m))
     layout = np.array(flat[5::TENSOR_FIELDS], dtype=np.int64)
-    # argument name and view flag: once per distinct (op, role, position, item is set)
-    slot_key = ((op_code[seq] * 2 + role) * 65536 + position + 1) * 2 + (item >= 0) if m else seq
+    # argument name and view flag: once per distinct (op, role, position, in a list)
+    dims = (max(1, len(ops)), 2, int(position.max()) + 2 if m else 1, 2)
+    slot_key = np.ravel_multi_index((op_code[seq], role, position + 1, item >= 0), dims) if m else seq
     slots, slot = np.unique(slot_key, return_inverse=True)
+    slot = slot.ravel()
     infos = [op_info(f) for f in ops]
     slot_values = [
-        infos[k // (2 * 65536 * 2)].slot((k // (65536 * 2)) % 2, (k // 2) % 65536 - 1, (k % 2) - 1)
-        for k in slots.tolist()
+        infos[op].slot(r, pos1 - 1, 0 if in_list else -1)
+        for op, r, pos1, in_list in zip(*(c.tolist() for c in np.unravel_index(slots, dims)))
     ]
     args, arg_code = _factorize(a for a, _ in slot_values)
     slot_view = np.array([v for _, v in slot_values] + [False], dtype=bool)

@@ -141,7 +141,8 @@ def _param_kind(cls: type):
 
 class _Tracker(ModuleTracker):
     """torch's ModuleTracker for the forward pass (its module names, its global forward hooks),
-    with the innermost running module kept in ``current`` for the recorder to read per op.
+    with the innermost running module's (name, "") kept in ``label`` for the recorder to read
+    per op.
 
     Its backward mechanism is not used: two multi-grad hooks per module call were most of the
     cost of recording, and they can only guess which module a backward op belongs to. Instead
@@ -292,7 +293,7 @@ class _RecorderMode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         prior = _set_eval_frame(None)  # keep Dynamo out of the recorder (see _should_skip_dynamo)
         try:
-            info = _OP_INFO.get(id(func))
+            info = _OP_INFO.get(id(func))  # op_info(func), inlined
             if info is None or info.func is not func:
                 info = _op_info(func)
             seq = len(self.events)
@@ -461,7 +462,6 @@ class _RecorderMode(TorchDispatchMode):
         self._last_node, self._last_node_label = None, _GLOBAL_LABEL
 
 
-
 def _skip_in_dynamo(code) -> bool:
     """What torch._dynamo.eval_frame.skip_code does, without importing torch._dynamo."""
     try:
@@ -477,6 +477,7 @@ def _skip_in_dynamo(code) -> bool:
 _SKIPPED_BY_DYNAMO = _skip_in_dynamo(_RecorderMode.__torch_dispatch__.__code__)
 if not _SKIPPED_BY_DYNAMO:  # then torch's wrapper, as for any other mode
     _RecorderMode.__init_subclass__()
+
 
 def tensor_sig(role: int, position: int, arg: str, is_view: bool, layout: tuple, is_param: bool) -> rules.TensorSig:
     """A raw tensor row, its slot and its layout key -> the rule's view of it."""
