@@ -8,10 +8,16 @@
     with auditor.FormatAuditor() as fa:   # or record any block of code
         train_step()
     fa.audit.events
+
+The package is split by layer, each importing only the ones before it: ``recording`` ->
+``analysis`` -> ``display`` -> ``result``/``session`` -> ``fix`` -> ``plan`` -> the entry points
+(``api``, ``fake``, ``distributed``, ``plot``, ``cli``, ``testing``). See the README, "How the
+code is laid out".
 """
 
-from .api import FormatAuditor, audit
-from .audit import Audit, diff
+import sys as _sys
+
+from .api import audit
 from .fix import (
     convert_conv2d_weight_memory_format,
     convert_conv3d_weight_memory_format,
@@ -19,9 +25,17 @@ from .fix import (
     suggest_fixes,
     to_channels_last,
 )
-from .formats import format_label
 from .plan import apply_plan, plan_layout
-from .recorder import FormatLossError
+from .recording import formats, log, rules
+from .recording import mode as recorder
+from .recording.formats import format_label
+from .recording.mode import FormatLossError
+from .result import Audit, diff
+from .session import FormatAuditor
+
+# Module paths of release 0.1, kept importable (``from auditor.formats import format_label``).
+for _name, _module in {"formats": formats, "rules": rules, "recorder": recorder, "log": log}.items():
+    _sys.modules.setdefault(f"{__name__}.{_name}", _module)
 
 __all__ = [
     "Audit",

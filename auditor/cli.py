@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
-import os
 import sys
 import time
 from pathlib import Path
@@ -97,17 +96,6 @@ def _prepare_out(out: str | None) -> Path | None:
     return path
 
 
-def _write(path: Path, write) -> None:
-    """Write through a temporary name, so a failure never leaves a complete-looking file."""
-    tmp = path.with_name(path.name + ".partial")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
 class Progress:
     """Progress on stderr: a bar redrawn in place on a terminal, one line per step otherwise
     (a CI log)."""
@@ -161,28 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    import auditor
-
-    if args.format not in FORMATS:
-        raise UsageError(f"unknown --format {args.format!r}; use one of {', '.join(FORMATS)}")
-    if args.dtype not in DTYPES:
-        raise UsageError(f"unknown --dtype {args.dtype!r}; use one of {', '.join(DTYPES)}")
-    if args.depth < 1:
-        raise UsageError(f"--depth must be at least 1, got {args.depth}")
-    shape = parse_input(args.input) if args.input else None
-    if args.device is not None:
-        try:
-            device = torch.device(args.device)
-        except (RuntimeError, ValueError):
-            raise UsageError(f"unknown --device {args.device!r}; use e.g. cpu or cuda") from None
-        if not args.fake and device.type == "cuda" and not torch.cuda.is_available():
-            raise UsageError("--device cuda needs a GPU; add --fake to audit for cuda without one")
-    else:
-        device = None
+    target = _Target.from_args(args)
     out = _prepare_out(args.out)
-    dtype = getattr(torch, args.dtype)
-    memory_format = {"channels_last": torch.channels_last, "channels_last_3d": torch.channels_last_3d,
-                     "contiguous": torch.contiguous_format}[args.format]
     several = len(args.models) > 1
     progress = Progress(len(args.models) * 3)
     reports = []
@@ -192,42 +160,94 @@ def run(args: argparse.Namespace) -> int:
         model = load_model(spec)
         if not isinstance(model, torch.nn.Module):
             raise UsageError(f"{spec} returned a {type(model).__name__}, not a torch.nn.Module")
-        dims = shape or default_input(spec, args.format)
-        if memory_format is not torch.contiguous_format and len(dims) != (4 if args.format == "channels_last" else 5):
-            raise UsageError(f"--format {args.format} needs a {4 if args.format == 'channels_last' else 5}-D --input, got {len(dims)}-D")
-        torch.manual_seed(0)
-        if args.fake:
-            # parameters stay where they are; the fake audit moves fakes of them to the target
-            model = model.to(memory_format=memory_format)
-            x = torch.empty(*dims, device="meta").to(memory_format=memory_format)
-            run_on = {"fake": True, "device": device or "cpu", "dtype": dtype}
-        else:
-            model = model.to(device=device, dtype=dtype, memory_format=memory_format)
-            x = torch.randn(*dims, dtype=dtype, device=device).to(memory_format=memory_format)
-            run_on = {}
+        dims = target.input_shape(spec)
         progress.advance(f"{name}: recording")
-        try:
-            audit = auditor.audit(model, x, backward=not args.no_backward, record_source=args.record_source,
-                                  **run_on)
-        except (RuntimeError, ValueError, TypeError) as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise UsageError(f"{spec} failed on input {','.join(map(str, dims))} {args.dtype}: {first}") from None
+        audit = target.audit(spec, model, dims)
         progress.advance(f"{name}: analysing")
         report = audit.report(top=args.top, depth=args.depth)
-        target = f" {'fake ' if args.fake else ''}{device or 'cpu'}"
-        title = f"== {spec}  input {'x'.join(map(str, dims))} {args.dtype} {args.format}{target}" + (
-            "" if not args.no_backward else "  (forward only)"
-        )
         if out is not None:
-            target = out / name if several else out
-            target.mkdir(parents=True, exist_ok=True)
-            written = write_outputs(audit, target, args.depth, report)
+            folder = out / name if several else out
+            folder.mkdir(parents=True, exist_ok=True)
+            written = write_outputs(audit, folder, args.depth, report)
             report += "\n\nWrote: " + ", ".join(str(p) for p in written)
-        reports.append(title + "\n" + report)
+        reports.append(target.title(spec, dims) + "\n" + report)
         progress.advance(f"{name}: done")
     progress.close()
     print("\n\n".join(reports))
     return 0
+
+
+class _Target:
+    """What the flags say about the run: format, dtype, device, real or fake, and the input."""
+
+    def __init__(self, args: argparse.Namespace, device):
+        import torch
+
+        self.args = args
+        self.device = device
+        self.dtype = getattr(torch, args.dtype)
+        self.memory_format = {"channels_last": torch.channels_last, "channels_last_3d": torch.channels_last_3d,
+                              "contiguous": torch.contiguous_format}[args.format]
+        self.shape = parse_input(args.input) if args.input else None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> _Target:
+        import torch
+
+        if args.format not in FORMATS:
+            raise UsageError(f"unknown --format {args.format!r}; use one of {', '.join(FORMATS)}")
+        if args.dtype not in DTYPES:
+            raise UsageError(f"unknown --dtype {args.dtype!r}; use one of {', '.join(DTYPES)}")
+        if args.depth < 1:
+            raise UsageError(f"--depth must be at least 1, got {args.depth}")
+        device = None
+        if args.device is not None:
+            try:
+                device = torch.device(args.device)
+            except (RuntimeError, ValueError):
+                raise UsageError(f"unknown --device {args.device!r}; use e.g. cpu or cuda") from None
+            if not args.fake and device.type == "cuda" and not torch.cuda.is_available():
+                raise UsageError("--device cuda needs a GPU; add --fake to audit for cuda without one")
+        return cls(args, device)
+
+    def input_shape(self, spec: str) -> tuple[int, ...]:
+        import torch
+
+        dims = self.shape or default_input(spec, self.args.format)
+        rank = 4 if self.args.format == "channels_last" else 5
+        if self.memory_format is not torch.contiguous_format and len(dims) != rank:
+            raise UsageError(f"--format {self.args.format} needs a {rank}-D --input, got {len(dims)}-D")
+        return dims
+
+    def audit(self, spec: str, model, dims: tuple[int, ...]):
+        import torch
+
+        import auditor
+
+        args, fmt = self.args, self.memory_format
+        torch.manual_seed(0)
+        if args.fake:
+            # parameters stay where they are; the fake audit moves fakes of them to the target
+            model = model.to(memory_format=fmt)
+            x = torch.empty(*dims, device="meta").to(memory_format=fmt)
+            run_on = {"fake": True, "device": self.device or "cpu", "dtype": self.dtype}
+        else:
+            model = model.to(device=self.device, dtype=self.dtype, memory_format=fmt)
+            x = torch.randn(*dims, dtype=self.dtype, device=self.device).to(memory_format=fmt)
+            run_on = {}
+        try:
+            return auditor.audit(model, x, backward=not args.no_backward, record_source=args.record_source,
+                                 **run_on)
+        except (RuntimeError, ValueError, TypeError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise UsageError(f"{spec} failed on input {','.join(map(str, dims))} {args.dtype}: {first}") from None
+
+    def title(self, spec: str, dims: tuple[int, ...]) -> str:
+        args = self.args
+        where = f" {'fake ' if args.fake else ''}{self.device or 'cpu'}"
+        return f"== {spec}  input {'x'.join(map(str, dims))} {args.dtype} {args.format}{where}" + (
+            "" if not args.no_backward else "  (forward only)"
+        )
 
 
 def write_outputs(audit, target: Path, depth: int, report: str) -> list[Path]:
@@ -241,13 +261,14 @@ def write_outputs(audit, target: Path, depth: int, report: str) -> list[Path]:
         "report.txt": lambda p: p.write_text(report + "\n"),
     }
     from . import plot
+    from .recording.csvfile import atomic_write
 
     files["heatmap.png"] = lambda p: plot.save(plot.heatmap(audit, depth=depth), p, format="png")
     files["timeline.png"] = lambda p: plot.save(plot.format_timeline(audit), p, format="png")
     written = []
     for name, write in files.items():
         path = target / name
-        _write(path, write)
+        atomic_write(path, write)
         written.append(path)
     return written
 

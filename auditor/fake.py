@@ -25,8 +25,8 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map_only
 
-from .api import FormatAuditor, loss_to_backward
-from .audit import Audit
+from .result import Audit
+from .session import FormatAuditor, loss_to_backward
 
 #: Device types a fake audit can target: those whose layout rules the tests cover.
 DEVICE_TYPES = ("cpu", "cuda")
@@ -238,51 +238,60 @@ def fake_audit(
 
     shim = _DeviceShim(hide=target.type in _ACCELERATORS)
     with mode:
-        # every leaf's gradient accumulator is made now, with its device hidden, and kept
-        # alive (autograd holds it weakly) so the forward pass reuses it
-        shim.hide_all = True
-        with shim:
-            accumulators = [
-                torch.autograd.graph.get_gradient_edge(t)
-                for _, t in faker.memo.values()
-                if t.requires_grad and t.is_leaf
-            ]
-        shim.hide_all = False
+        accumulators = _gradient_accumulators(faker, shim)
         fa = FormatAuditor(strict=strict, record_source=record_source, record_time=record_time)
         with fa, shim:
-            if is_module:
-                output = torch.func.functional_call(model, fake_state, fake_inputs, strict=False)
-            else:
-                try:
-                    output = model(*fake_inputs)
-                except AssertionError as exc:
-                    if "convert all Tensors to FakeTensors" not in str(exc):
-                        raise
-                    raise TypeError(
-                        "fake audit: the model used a real tensor it was not given, such as "
-                        "the parameters of a module it calls; only the inputs and an nn.Module's "
-                        "own parameters and buffers are made fake: pass the nn.Module itself"
-                    ) from exc
+            output = _forward(model, fake_state, fake_inputs, is_module)
             if backward:
-                loss = loss_to_backward(loss_fn, output)
-                shim.hide_all = True
-                try:
-                    loss.backward()
-                except Exception as exc:
-                    if shim.hide:
-                        exc.add_note(
-                            f"fake audit on {target}: during backward, autograd's device queries "
-                            "are answered 'meta' (auditor.fake._DeviceShim); a backward formula "
-                            "that builds a tensor from a gradient's device fails this way. "
-                            "backward=False still audits the forward pass."
-                        )
-                    raise
-                finally:
-                    shim.hide_all = False
+                _backward(loss_to_backward(loss_fn, output), shim, target)
                 if fake_opt is not None:
                     fake_opt.step()
     del accumulators
     return fa.audit
+
+
+def _gradient_accumulators(faker: _Faker, shim: _DeviceShim) -> list:
+    """Every fake leaf's gradient accumulator, made now with its device hidden; the caller keeps
+    them alive (autograd holds them weakly) so the forward pass reuses them."""
+    shim.hide_all = True
+    try:
+        with shim:
+            return [torch.autograd.graph.get_gradient_edge(t) for _, t in faker.memo.values()
+                    if t.requires_grad and t.is_leaf]
+    finally:
+        shim.hide_all = False
+
+
+def _forward(model, fake_state: dict, fake_inputs, is_module: bool):
+    if is_module:
+        return torch.func.functional_call(model, fake_state, fake_inputs, strict=False)
+    try:
+        return model(*fake_inputs)
+    except AssertionError as exc:
+        if "convert all Tensors to FakeTensors" not in str(exc):
+            raise
+        raise TypeError(
+            "fake audit: the model used a real tensor it was not given, such as "
+            "the parameters of a module it calls; only the inputs and an nn.Module's "
+            "own parameters and buffers are made fake: pass the nn.Module itself"
+        ) from exc
+
+
+def _backward(loss: torch.Tensor, shim: _DeviceShim, target: torch.device) -> None:
+    shim.hide_all = True
+    try:
+        loss.backward()
+    except Exception as exc:
+        if shim.hide:
+            exc.add_note(
+                f"fake audit on {target}: during backward, autograd's device queries "
+                "are answered 'meta' (auditor.fake._DeviceShim); a backward formula "
+                "that builds a tensor from a gradient's device fails this way. "
+                "backward=False still audits the forward pass."
+            )
+        raise
+    finally:
+        shim.hide_all = False
 
 
 def _tensors(tree) -> list[torch.Tensor]:

@@ -15,8 +15,11 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from . import analysis, rules
-from .audit import Audit
+from . import analysis
+from .display.tables import shorten
+from .display.units import format_bytes
+from .recording import rules
+from .result import Audit
 
 
 class AuditFigure(Figure):
@@ -32,19 +35,6 @@ class AuditFigure(Figure):
 KIND_COLUMNS = (rules.LOSES, rules.CONVERTS, rules.RESTORES)
 PHASE_ORDER = ("forward", "backward", "other")
 _MAX_LABEL = 28
-
-
-def _short(name: str, width: int = _MAX_LABEL) -> str:
-    """Shorten long module or op names from the left, where they repeat the parents."""
-    return name if len(name) <= width else "…" + name[-(width - 1):]
-
-
-def _fmt_bytes(n: float) -> str:
-    for unit in ("", "K", "M", "G"):
-        if abs(n) < 1000:
-            return f"{n:.0f}{unit}" if unit == "" or n >= 100 else f"{n:.1f}{unit}"
-        n /= 1000
-    return f"{n:.1f}T"
 
 
 def heatmap_data(audit: Audit, depth: int = 1, value: str = "bytes", columns: str = "kind") -> pd.DataFrame:
@@ -103,15 +93,15 @@ def heatmap(audit: Audit, depth: int = 1, value: str = "bytes", columns: str = "
     shown = np.ma.masked_equal(values, 0)
     image = ax.imshow(shown, aspect="auto", cmap="Reds", interpolation="nearest",
                       vmin=0, vmax=max(1.0, float(values.max()) if values.size else 1.0))
-    ax.set_xticks(range(cols), [_short(c, 22) for c in data.columns], rotation=35, ha="right", fontsize=8)
-    ax.set_yticks(range(rows), [_short(str(m)) for m in data.index], fontsize=8)
+    ax.set_xticks(range(cols), [shorten(c, 22) for c in data.columns], rotation=35, ha="right", fontsize=8)
+    ax.set_yticks(range(rows), [shorten(str(m), _MAX_LABEL) for m in data.index], fontsize=8)
     ax.set_facecolor("#f4f4f4")
     peak = values.max() if values.size else 0
     for i in range(rows):
         for j in range(cols):
             v = values[i, j]
             if v:
-                text = _fmt_bytes(v) if value == "bytes" else f"{int(v)}"
+                text = format_bytes(v) if value == "bytes" else f"{int(v)}"
                 ax.text(j, i, text, ha="center", va="center", fontsize=7,
                         color="white" if v > 0.6 * peak else "black")
     unit = "bytes moved" if value == "bytes" else "hotspot ops"
@@ -193,7 +183,7 @@ def top_hotspots(audit: Audit, n: int = 10) -> Figure:
         ax.set_axis_off()
         return fig
     labels = [
-        f"{r.phase[:3]}  {_short(r.module, 24)}  {_short(r.op.removeprefix('aten.'), 30)}"
+        f"{r.phase[:3]}  {shorten(r.module, 24)}  {shorten(r.op.removeprefix('aten.'), 30)}"
         for r in hot.itertuples()
     ]
     colors = {rules.LOSES: "#d64545", rules.CONVERTS: "#f0b429", rules.RESTORES: "#3ebd93"}
@@ -201,7 +191,7 @@ def top_hotspots(audit: Audit, n: int = 10) -> Figure:
     ax.barh(y, hot["bytes"], color=[colors.get(k, "#9aa5b1") for k in hot["kind"]])
     ax.set_yticks(y, labels, fontsize=8)
     for yi, b, k in zip(y, hot["bytes"], hot["kind"], strict=True):
-        ax.text(b, yi, f" {_fmt_bytes(b)} {k}", va="center", fontsize=7)
+        ax.text(b, yi, f" {format_bytes(b)} {k}", va="center", fontsize=7)
     ax.set_xlabel("bytes moved")
     ax.set_xlim(0, hot["bytes"].max() * 1.3)
     ax.set_title(f"Top {len(hot)} hotspots", fontsize=10)

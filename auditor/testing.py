@@ -15,8 +15,9 @@ from collections.abc import Callable, Iterable
 
 import pandas as pd
 
-from .api import FormatAuditor, audit
-from .audit import Audit
+from .api import audit
+from .result import Audit
+from .session import FormatAuditor
 
 _PHASES = ("forward", "backward", "other")
 

@@ -19,7 +19,7 @@ import torch
 import torchvision
 
 import auditor
-from auditor.audit import Audit
+from auditor import Audit
 
 
 def tile(a: Audit, n_events: int) -> Audit:

@@ -197,13 +197,13 @@ def test_backward_of_a_backward_is_attributed_to_the_modules():
 def test_module_names_follow_torchs_module_tracker():
     from torch.utils.module_tracker import ModuleTracker
 
-    from auditor.recorder import _Tracker
+    from auditor.recording.modules import ForwardModuleTracker
 
     shared = nn.Conv2d(3, 3, 1)
     branch = nn.Sequential(shared, nn.ReLU())
     tied = nn.Sequential(nn.Conv2d(3, 3, 1), branch, nn.Sequential(shared))  # shared twice
     for model in (torchvision.models.resnet18(), tied):
-        theirs, ours = ModuleTracker(), _Tracker()
+        theirs, ours = ModuleTracker(), ForwardModuleTracker()
         first = branch if model is tied else model.layer1  # a submodule seen before its root
         for mod in (first, model):
             theirs._get_mod_name(mod)

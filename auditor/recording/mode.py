@@ -1,10 +1,11 @@
-"""The recorder: a TorchDispatchMode that appends raw values per aten op, and nothing else.
+"""The recorder's dispatch mode: appends raw values per aten op, and nothing else.
 
 This is the hot path (one call per aten op), so it only appends what is cheap to read: one
 event tuple per op and seven values per tensor (a weak reference as its identity, an interned
 layout number). Labels, bytes and DataFrames are built once, at the end, by :mod:`auditor.log`.
-Module attribution uses torch's ``ModuleTracker`` hooks in forward; a backward op takes the
-module of the forward op that created its autograd node, found by the node's sequence number.
+Module attribution reads :class:`~auditor.recording.modules.ForwardModuleTracker` in forward;
+a backward op takes the module of the forward op that created its autograd node, found by the
+node's sequence number. The per-overload schema facts the hot path needs are cached here too.
 """
 
 from __future__ import annotations
@@ -15,30 +16,23 @@ import threading
 import time
 import weakref
 from bisect import bisect_right
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from itertools import islice
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.module_tracker import ModuleTracker
 
 from . import rules
 from .formats import format_label, nbytes
+from .modules import GLOBAL_LABEL, ForwardModuleTracker, module_names
 
 FORWARD, BACKWARD, OTHER = 0, 1, 2
 PHASES = ("forward", "backward", "other")
 INPUT, OUTPUT = 0, 1
 ROLES = ("input", "output")
 
-#: Module column for ops outside every module, and for the root module's own ops.
-GLOBAL_MODULE = "<global>"
-ROOT_MODULE = "<root>"
-
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
-_AUDITOR_DIR = os.path.dirname(__file__) + os.sep
-#: The label of ops outside every module and of nodes the recorder did not see created.
-_GLOBAL_LABEL = ("Global", "")
+_AUDITOR_DIR = os.path.dirname(os.path.dirname(__file__)) + os.sep  # the whole package
 
 _Tensor = torch.Tensor
 _Parameter = torch.nn.Parameter
@@ -82,9 +76,6 @@ class _OpInfo:
         return ("", item < 0 and position < len(views) and views[position])
 
 
-#: Wrappers whose ``module`` child is the user's model: their names are dropped from fqns.
-_WRAPPERS = frozenset({"DistributedDataParallel", "DataParallel", "FullyShardedDataParallel"})
-
 #: id(OpOverload) -> _OpInfo. Keyed by id: OpOverload.__hash__ is a Python method, one call
 #: per op; the entry's ``func`` tells a reused id from the op it was made for.
 _OP_INFO: dict[int, _OpInfo] = {}
@@ -127,7 +118,7 @@ def _op_info(func) -> _OpInfo:
     return info
 
 
-#: ``_RecorderMode._param_types`` value for a tensor subclass whose instances say themselves
+#: ``RecorderMode._param_types`` value for a tensor subclass whose instances say themselves
 #: whether they are parameters: ``nn.Parameter(t)`` of a subclass (a ``FakeTensor`` in a fake
 #: audit) keeps the subclass's type and sets ``_is_param``.
 _BY_INSTANCE = object()
@@ -139,97 +130,6 @@ def _param_kind(cls: type):
     return False if cls is torch.Tensor else _BY_INSTANCE
 
 
-class _Tracker(ModuleTracker):
-    """torch's ModuleTracker for the forward pass (its module names, its global forward hooks),
-    with the innermost running module's (name, "") kept in ``label`` for the recorder to read
-    per op.
-
-    Its backward mechanism is not used: two multi-grad hooks per module call were most of the
-    cost of recording, and they can only guess which module a backward op belongs to. Instead
-    the recorder maps each autograd node back to the forward op that created it (see
-    ``_RecorderMode._backward_label``). Its ``parents`` set is not kept up to date either.
-    """
-
-    def __init__(self):
-        super().__init__()
-        self.label = _GLOBAL_LABEL  # (innermost module, ""): one shared tuple per module
-        self.types: dict[str, str] = {}
-        self.param_modules: dict = {}  # id(parameter) -> module name, for AccumulateGrad nodes
-        # id(module) -> (module, label). torch's name lookup goes through weak dictionaries,
-        # several weakrefs per call; the module is held so that its id stays its own.
-        self._labels: dict[int, tuple] = {}
-        self._stack: list[tuple[str, str]] = []
-
-    def _name_tree(self, mod, name: str) -> tuple[str, str]:
-        """Name ``mod``, and the modules under it, by torch's rule (``_get_mod_name``) in one
-        pass over plain dictionaries: a module first seen is named by its type; a module's
-        children are named after it when it is first seen (the last path to a shared module
-        wins); a module seen before keeps the names it gave its children. Also notes each
-        module's type and the module that owns each parameter."""
-        first_seen = id(mod) not in self._labels
-        label = (name, "")
-        self._labels[id(mod)] = (mod, label)
-        self.types.setdefault(name, type(mod).__name__)
-        if first_seen:
-            for p in mod._parameters.values():
-                if p is not None:
-                    self.param_modules.setdefault(id(p), name)
-            for child_name, child in mod.named_children():
-                self._name_tree(child, f"{name}.{child_name}")
-        return label
-
-    def _fw_pre_hook(self, mod, input):
-        seen = self._labels.get(id(mod))
-        label = seen[1] if seen is not None else self._name_tree(mod, type(mod).__name__)
-        self._stack.append(label)
-        self.label = label
-
-    def _fw_post_hook(self, mod, input, output):
-        seen = self._labels.get(id(mod))
-        label = seen[1] if seen is not None else self._name_tree(mod, type(mod).__name__)
-        stack = self._stack
-        if stack and stack[-1] is label:
-            stack.pop()
-        else:  # a hook raised between this module's pre and post hooks: find it further down
-            for i in range(len(stack) - 1, -1, -1):
-                if stack[i][0] == label[0]:
-                    del stack[i]
-                    break
-        self.label = stack[-1] if stack else _GLOBAL_LABEL
-
-    def __exit__(self, *args):
-        super().__exit__(*args)
-        self.param_modules = {}
-        self._labels = {}
-
-
-def module_names(tracker_names: Iterable[str], types: dict[str, str]):
-    """ModuleTracker names ("ResNet.layer1.0") -> (fqn, type) as ``named_modules`` gives them.
-
-    The first top-level module seen is the root: its prefix is dropped and its own ops are
-    ``<root>``. Any other top-level module (a loss module, say) keeps its class name as prefix.
-    """
-    root = None
-    mapping = {}
-    for name in tracker_names:
-        if name in mapping:
-            continue
-        if name == "Global":
-            mapping[name] = (GLOBAL_MODULE, "")
-            continue
-        head, _, rest = name.partition(".")
-        if root is None:
-            root = head
-        if head == root:
-            if types.get(head) in _WRAPPERS and (rest == "module" or rest.startswith("module.")):
-                rest = rest[len("module."):]  # DDP(model): name the model's modules, not the wrapper's
-            fqn = rest or ROOT_MODULE
-        else:
-            fqn = name
-        mapping[name] = (fqn, types.get(name, head if not rest else ""))
-    return mapping
-
-
 def _is_internal(filename: str) -> bool:
     return filename.startswith((_TORCH_DIR, _AUDITOR_DIR)) or filename.startswith("<frozen")
 
@@ -237,13 +137,13 @@ def _is_internal(filename: str) -> bool:
 #: Whether Dynamo skips the mode's dispatch code (settled below, after the class is made).
 _SKIPPED_BY_DYNAMO = True
 
-#: Fields per tensor in ``_RecorderMode.tensors``, a flat list:
+#: Fields per tensor in ``RecorderMode.tensors``, a flat list:
 #: (seq, role, position, item, identity, layout, is_param).
 TENSOR_FIELDS = 7
 _LAYOUT = 5  # where the layout number is among them
 
 
-class _RecorderMode(TorchDispatchMode):
+class RecorderMode(TorchDispatchMode):
     """The private dispatch mode. Each call appends one event tuple and seven values per tensor.
 
     Per tensor it keeps a weak reference (the identity) and an interned layout number, so the
@@ -251,7 +151,7 @@ class _RecorderMode(TorchDispatchMode):
     schema and are filled in when the DataFrames are built.
     """
 
-    def __init__(self, tracker: _Tracker, *, strict: bool, record_source: bool, record_time: bool):
+    def __init__(self, tracker: ForwardModuleTracker, *, strict: bool, record_source: bool, record_time: bool):
         super().__init__()
         self.tracker = tracker
         self.strict = strict
@@ -276,7 +176,7 @@ class _RecorderMode(TorchDispatchMode):
         self._node_nrs: list[int] = []
         self._node_labels: list[tuple[str, str]] = []
         # a node may run several ops; no node (the engine summing gradients) is <global>
-        self._last_node, self._last_node_label = None, _GLOBAL_LABEL
+        self._last_node, self._last_node_label = None, GLOBAL_LABEL
 
     # -- hot path ---------------------------------------------------------------------------
     @classmethod
@@ -405,13 +305,13 @@ class _RecorderMode(TorchDispatchMode):
         module; a node created before recording began has no module (``<global>``).
         """
         if node is None:
-            return _GLOBAL_LABEL
+            return GLOBAL_LABEL
         nr = node._sequence_nr()
         if self._first_nr <= nr < self._last_nr:
             label = self._node_labels[bisect_right(self._node_nrs, nr)]
         else:
             var = getattr(node, "variable", None)
-            label = _GLOBAL_LABEL if var is None else (self.tracker.param_modules.get(id(var), "Global"), "")
+            label = GLOBAL_LABEL if var is None else (self.tracker.param_modules.get(id(var), "Global"), "")
         self._last_node, self._last_node_label = node, label
         return label
 
@@ -459,7 +359,7 @@ class _RecorderMode(TorchDispatchMode):
         self._extend = self.tensors.extend
         self._node_nrs = []
         self._node_labels = []
-        self._last_node, self._last_node_label = None, _GLOBAL_LABEL
+        self._last_node, self._last_node_label = None, GLOBAL_LABEL
 
 
 def _skip_in_dynamo(code) -> bool:
@@ -474,9 +374,9 @@ def _skip_in_dynamo(code) -> bool:
     return True
 
 
-_SKIPPED_BY_DYNAMO = _skip_in_dynamo(_RecorderMode.__torch_dispatch__.__code__)
+_SKIPPED_BY_DYNAMO = _skip_in_dynamo(RecorderMode.__torch_dispatch__.__code__)
 if not _SKIPPED_BY_DYNAMO:  # then torch's wrapper, as for any other mode
-    _RecorderMode.__init_subclass__()
+    RecorderMode.__init_subclass__()
 
 
 def tensor_sig(role: int, position: int, arg: str, is_view: bool, layout: tuple, is_param: bool) -> rules.TensorSig:
@@ -498,7 +398,7 @@ def tensor_sig(role: int, position: int, arg: str, is_view: bool, layout: tuple,
 class RawLog:
     """What a recording leaves behind, before any DataFrame is built."""
 
-    events: list[tuple] = field(default_factory=list)  # _RecorderMode.events
+    events: list[tuple] = field(default_factory=list)  # RecorderMode.events
     tensors: list = field(default_factory=list)  # flat, TENSOR_FIELDS values per tensor
     layouts: list[tuple] = field(default_factory=list)  # layout number -> its key
     module_types: dict[str, str] = field(default_factory=dict)
@@ -506,3 +406,12 @@ class RawLog:
     error: str = ""
     rank: int = 0  # torch.distributed rank while recording (0 outside a process group)
     world_size: int = 1
+
+
+def process_group() -> tuple[int, int]:
+    """(rank, world_size) of the default ``torch.distributed`` process group, or (0, 1)
+    outside one: what the log's ``rank`` and ``world_size`` columns record."""
+    dist = getattr(torch, "distributed", None)
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1

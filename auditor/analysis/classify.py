@@ -1,0 +1,148 @@
+"""Per-event classification: the recording's own per-op rule, applied once per signature.
+
+``rules.classify`` (the function ``strict=True`` calls online) decides for one op call from its
+tensors' labels. Here every event gets its verdict: events with the same op and the same
+tensor facts share one call of the rule, and the rest is vectorised.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ..recording import rules
+from ..recording.formats import CHANNELS_LAST, CHANNELS_LAST_3D, LABELS, VIEW_SUFFIX
+from .activations import activation_inputs, floating_rows
+
+_CL_LABELS = (CHANNELS_LAST, CHANNELS_LAST_3D, CHANNELS_LAST + VIEW_SUFFIX, CHANNELS_LAST_3D + VIEW_SUFFIX)
+#: Signature width handled by the vectorised path; wider ops (foreach, long cats) go one by one.
+_WIDE = 12
+
+
+def classify(events: pd.DataFrame, tensors: pd.DataFrame) -> pd.DataFrame:
+    """One row per event: ``kind`` (see :data:`auditor.rules.KINDS`), ``bytes`` moved into
+    another layout, ``from_format``/``to_format``, ``is_conv`` and ``cl_input`` (the op read a
+    channels_last activation)."""
+    n = len(events)
+    ops = events["op"].cat.categories
+    op_codes = events["op"].cat.codes.to_numpy()
+    floating = floating_rows(tensors)
+    rows = _EventRows(tensors, n, floating)
+    sig, wide = _event_signatures(op_codes, rows, _tensor_signatures(tensors, floating))
+    verdicts = _Verdicts(n)
+    narrow = ~wide
+    if narrow.any():
+        first = np.full(int(sig.max()) + 1, -1, dtype=np.int64)
+        narrow_idx = np.flatnonzero(narrow)
+        first[sig[narrow_idx[::-1]]] = narrow_idx[::-1]  # first event of each signature
+        table = [rows.verdict(ops[op_codes[e]], int(e)) for e in first]
+        verdicts.spread(narrow, sig[narrow], table)
+    for e in np.flatnonzero(wide):
+        verdicts.set(int(e), rows.verdict(ops[op_codes[e]], int(e)))
+    seq = tensors["seq"].to_numpy()
+    cl_in = np.zeros(n, dtype=bool)
+    cl_in[seq[activation_inputs(tensors, floating) & tensors["format"].isin(_CL_LABELS).to_numpy()]] = True
+    labels = ["", *LABELS]
+    return pd.DataFrame(
+        {
+            "kind": pd.Categorical(verdicts.kind, categories=list(rules.KINDS)),
+            "bytes": verdicts.moved,
+            "from_format": pd.Categorical(verdicts.src, categories=labels),
+            "to_format": pd.Categorical(verdicts.dst, categories=labels),
+            "is_conv": np.array([rules.is_convolution(o) for o in ops], dtype=bool)[op_codes]
+            if n
+            else np.zeros(0, bool),
+            "cl_input": cl_in,
+        },
+        index=events.index,
+    )
+
+
+def _tensor_signatures(tensors: pd.DataFrame, floating: np.ndarray) -> np.ndarray:
+    """A code per distinct (role, position, arg, format, is_param, is_view, floating, bytes).
+
+    The fields are packed into one int64 so that a single hash factorisation does the work.
+    """
+    if not len(tensors):
+        return np.zeros(0, np.int64)
+    fields = [
+        (tensors["role"].cat.codes.to_numpy().astype(np.int64), 1),
+        (tensors["position"].to_numpy().astype(np.int64) + 1, 10),
+        (tensors["arg"].cat.codes.to_numpy().astype(np.int64) + 1, 12),
+        (tensors["format"].cat.codes.to_numpy().astype(np.int64) + 1, 4),
+        (tensors["is_param"].to_numpy().astype(np.int64), 1),
+        (tensors["is_view"].to_numpy().astype(np.int64), 1),
+        (floating.astype(np.int64), 1),
+        (pd.factorize(tensors["bytes"].to_numpy())[0].astype(np.int64), 32),
+    ]
+    if all(int(v.max()) < (1 << bits) and int(v.min()) >= 0 for v, bits in fields):
+        key = np.zeros(len(tensors), dtype=np.int64)
+        for v, bits in fields:
+            key = (key << bits) | v
+        return pd.factorize(key)[0].astype(np.int64)
+    return pd.factorize(pd.MultiIndex.from_arrays([v for v, _ in fields]))[0].astype(np.int64)
+
+
+class _EventRows:
+    """Each event's tensor rows (grouped by ``seq``, in recording order), and the rule's view
+    of them."""
+
+    def __init__(self, tensors: pd.DataFrame, n: int, floating: np.ndarray):
+        seq = tensors["seq"].to_numpy()
+        self.counts = np.bincount(seq, minlength=n)
+        self.starts = np.concatenate([[0], np.cumsum(self.counts)[:-1]]) if n else np.zeros(0, np.int64)
+        # rank of each tensor row inside its event
+        self.rank = np.arange(len(tensors)) - self.starts[seq] if len(tensors) else np.zeros(0, np.int64)
+        self.seq = seq
+        self.role = tensors["role"].to_numpy()
+        self.position = tensors["position"].to_numpy()
+        self.arg = tensors["arg"].to_numpy()
+        self.fmt = tensors["format"].to_numpy()
+        self.is_param = tensors["is_param"].to_numpy()
+        self.is_view = tensors["is_view"].to_numpy()
+        self.nbytes = tensors["bytes"].to_numpy()
+        self.floating = floating
+
+    def verdict(self, op: str, event: int) -> rules.Verdict:
+        lo = self.starts[event]
+        sigs = tuple(
+            rules.TensorSig(self.role[i], int(self.position[i]), self.arg[i], self.fmt[i], bool(self.is_param[i]),
+                            bool(self.is_view[i]), int(self.nbytes[i]), bool(self.floating[i]))
+            for i in range(lo, lo + self.counts[event])
+        )
+        return rules.classify(op, sigs)
+
+
+def _event_signatures(op_codes: np.ndarray, rows: _EventRows, tsig: np.ndarray):
+    """(signature code per event, whether it is too wide for the vectorised path): events with
+    the same op and the same tensor signatures in the same order share a code."""
+    n = len(op_codes)
+    wide = rows.counts > _WIDE
+    grid = np.full((n, _WIDE + 1), -1, dtype=np.int64)
+    grid[:, 0] = op_codes
+    keep = rows.rank < _WIDE
+    grid[rows.seq[keep], rows.rank[keep] + 1] = tsig[keep]
+    sig = np.full(n, -1, dtype=np.int64)
+    narrow = ~wide
+    if narrow.any():
+        sig[narrow] = pd.DataFrame(grid[narrow]).groupby(list(range(_WIDE + 1)), sort=False).ngroup()
+    return sig, wide
+
+
+class _Verdicts:
+    """The classification columns, filled per signature or per event."""
+
+    def __init__(self, n: int):
+        self.kind = np.empty(n, dtype=object)
+        self.moved = np.zeros(n, dtype=np.int64)
+        self.src = np.empty(n, dtype=object)
+        self.dst = np.empty(n, dtype=object)
+
+    def spread(self, mask: np.ndarray, codes: np.ndarray, table: list[rules.Verdict]) -> None:
+        k, b, f, t = (np.array(col, dtype=object) for col in zip(*table))
+        self.kind[mask], self.moved[mask], self.src[mask], self.dst[mask] = (
+            k[codes], b[codes].astype(np.int64), f[codes], t[codes]
+        )
+
+    def set(self, e: int, v: rules.Verdict) -> None:
+        self.kind[e], self.moved[e], self.src[e], self.dst[e] = v.kind, v.nbytes, v.from_format, v.to_format

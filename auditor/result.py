@@ -1,0 +1,88 @@
+"""``Audit``: the result of a recording. Plain DataFrames plus a facade over the analyzers."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from . import analysis
+from .display.report import audit_report
+from .display.tables import preformatted_html
+from .recording import csvfile, log
+from .recording.mode import RawLog
+
+
+class Audit:
+    """The event log of one recording and the analyses over it.
+
+    Attributes:
+        events: one row per aten op call (schema in the README).
+        tensors: one row per tensor argument or result, linked to ``events`` by ``seq``.
+        complete: False when the recorded code raised; the log then ends at the failure.
+        error: the exception that ended an incomplete recording, as text.
+    """
+
+    def __init__(self, events: pd.DataFrame, tensors: pd.DataFrame, *, complete: bool = True, error: str = ""):
+        self.events = events
+        self.tensors = tensors
+        self.complete = complete
+        self.error = error
+        self._ops: pd.DataFrame | None = None
+        self._flow: analysis.FlowGraph | None = None
+
+    @classmethod
+    def from_raw(cls, raw: RawLog) -> Audit:
+        events, tensors = log.build_frames(raw)
+        return cls(events, tensors, complete=raw.complete, error=raw.error)
+
+    # -- persistence -----------------------------------------------------------------------
+    def to_csv(self, path_or_buf=None):
+        """Write the audit as one CSV (one row per tensor). With no path, return the text."""
+        return csvfile.to_csv(self.events, self.tensors, self.complete, path_or_buf)
+
+    @classmethod
+    def read_csv(cls, path_or_buf) -> Audit:
+        """Read a CSV written by :meth:`to_csv`; raises ``ValueError`` naming a missing column."""
+        events, tensors, complete = csvfile.read_csv(path_or_buf)
+        return cls(events, tensors, complete=complete, error="" if complete else "recorded as incomplete")
+
+    # -- analyses ----------------------------------------------------------------------------
+    def flow(self) -> analysis.FlowGraph:
+        """The data-flow graph of the log (cached): producers and consumers of every op."""
+        if self._flow is None:
+            self._flow = analysis.FlowGraph(self.events, self.tensors)
+        return self._flow
+
+    def ops(self) -> pd.DataFrame:
+        """``events`` with the classification and data-flow columns (cached)."""
+        if self._ops is None:
+            self._ops = analysis.ops_table(self.events, self.tensors, self.flow())
+        return self._ops
+
+    def hotspots(self) -> pd.DataFrame:
+        """Losses and conversions on conv -> ... -> conv paths, grouped, largest bytes first."""
+        return analysis.hotspots(self.ops())
+
+    def summary(self, depth: int = 1) -> pd.DataFrame:
+        """Per-module totals at ``depth`` (1 = children of the root), in execution order."""
+        return analysis.summary(self.ops(), depth)
+
+    def coverage(self) -> pd.DataFrame:
+        """Per aten op: how often it preserved or lost channels_last on this device and dtype."""
+        return analysis.coverage(self.ops(), self.tensors)
+
+    def report(self, top: int = 10, depth: int = 1) -> str:
+        """A one-screen text report: totals, top hotspots and the modules that cost most."""
+        return audit_report(self.ops(), self.hotspots(), self.summary(depth), complete=self.complete,
+                            error=self.error, top=top, depth=depth)
+
+    def __repr__(self) -> str:
+        state = "complete" if self.complete else "incomplete"
+        return f"<Audit {len(self.events)} ops, {len(self.tensors)} tensors, {state}>"
+
+    def _repr_html_(self) -> str:
+        return preformatted_html(self.report())
+
+
+def diff(before: Audit, after: Audit, include_unchanged: bool = False) -> pd.DataFrame:
+    """Hotspot groups that appeared, vanished or changed between two audits."""
+    return analysis.diff(before.hotspots(), after.hotspots(), include_unchanged)

@@ -1,0 +1,161 @@
+"""Recording sessions: ``FormatAuditor`` (any block of code) and one audited training step.
+
+``FormatAuditor`` is the public face of the recorder, like ``torch.utils.flop_counter``'s
+``FlopCounterMode``: it owns the private dispatch mode and the module tracker, and hands back an
+:class:`~auditor.result.Audit`. :func:`record_step` is what "one step" means everywhere (the
+``audit()`` function, layout plans, fake audits reuse its pieces).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from .recording.mode import RawLog, RecorderMode, process_group
+from .recording.modules import ForwardModuleTracker
+from .result import Audit
+
+
+class FormatAuditor:
+    """Record every aten op run inside the ``with`` block; ``fa.audit`` is the result.
+
+    A thin owner of a private ``TorchDispatchMode`` and torch's ``ModuleTracker``, like
+    ``torch.utils.flop_counter.FlopCounterMode``. Forward, backward (the autograd engine) and
+    optimizer steps inside the block are all recorded.
+
+    Args:
+        strict: raise :class:`auditor.FormatLossError` at the first op that loses channels_last
+            (the tutorial's ``check_wrapper``, but exact about views, copies and ambiguity).
+        record_source: also record the user's source line of each op (slower).
+        record_time: also record each op's wall time in ``duration_us`` (see the README on
+            what a Python mode does to timings).
+    """
+
+    def __init__(self, *, strict: bool = False, record_source: bool = False, record_time: bool = False):
+        self.strict = strict  # raise FormatLossError at the first loss
+        self.record_source = record_source  # the user's file:line per op
+        self.record_time = record_time  # wall time per op (duration_us)
+        self._audit: Audit | None = None
+        self._mode: RecorderMode | None = None
+        self._tracker: ForwardModuleTracker | None = None
+        self._hooks: list = []
+
+    @property
+    def audit(self) -> Audit:
+        """The recorded audit; built on first access, after the block ends."""
+        if self._audit is None:
+            if self._mode is None:
+                raise RuntimeError("FormatAuditor has not recorded anything yet: use it in a `with` block")
+            if self._tracker is not None:
+                raise RuntimeError("the audit is available once the `with` block has ended")
+            raise RuntimeError("no audit was recorded")
+        return self._audit
+
+    def __enter__(self) -> FormatAuditor:
+        self._audit = None
+        self._tracker = ForwardModuleTracker()
+        self._mode = RecorderMode(
+            self._tracker, strict=self.strict, record_source=self.record_source, record_time=self.record_time
+        )
+        mode = self._mode
+        from torch.optim.optimizer import (
+            register_optimizer_step_post_hook,
+            register_optimizer_step_pre_hook,
+        )
+
+        def pre(*_):
+            mode.optimizer_depth += 1
+
+        def post(*_):
+            mode.optimizer_depth = max(0, mode.optimizer_depth - 1)
+
+        self._hooks = [register_optimizer_step_pre_hook(pre), register_optimizer_step_post_hook(post)]
+        self._tracker.__enter__()
+        try:
+            mode.__enter__()
+        except BaseException:
+            self._teardown()
+            raise
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        mode = self._mode
+        try:
+            mode.__exit__(exc_type, exc, tb)
+        finally:
+            types = dict(self._tracker.types) if self._tracker else {}
+            self._teardown()
+            rank, world_size = process_group()
+            raw = RawLog(
+                rank=rank,
+                world_size=world_size,
+                events=mode.events,
+                tensors=mode.tensors,
+                layouts=list(mode.layouts),
+                module_types=types,
+                complete=exc_type is None,
+                error="" if exc_type is None else f"{exc_type.__name__}: {exc}",
+            )
+            mode.release()
+            self._audit = Audit.from_raw(raw)
+        return False
+
+    def _teardown(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        if self._tracker is not None:
+            self._tracker.__exit__(None, None, None)
+            self._tracker = None
+
+
+def loss_to_backward(loss_fn: Callable, output) -> torch.Tensor:
+    """``loss_fn(output)``, checked: a step's backward needs something that requires grad."""
+    loss = loss_fn(output)
+    if not (isinstance(loss, torch.Tensor) and loss.requires_grad):
+        raise ValueError(
+            "backward=True, but the loss requires grad on nothing: give the model trainable "
+            "parameters or inputs that require grad, or pass backward=False"
+        )
+    return loss
+
+
+def default_loss(output) -> torch.Tensor:
+    """The loss of a step when none is given: the sum of every floating output."""
+    if isinstance(output, torch.Tensor):
+        return output.float().sum()
+    if isinstance(output, dict):
+        output = list(output.values())
+    if isinstance(output, (list, tuple)):
+        parts = [o.float().sum() for o in output if isinstance(o, torch.Tensor) and o.is_floating_point()]
+        if parts:
+            return torch.stack(parts).sum()
+    raise TypeError(
+        f"cannot make a loss from a model output of type {type(output).__name__}; pass loss_fn="
+    )
+
+
+def record_step(
+    model: Callable,
+    inputs: tuple,
+    *,
+    backward: bool = True,
+    loss_fn: Callable | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    strict: bool = False,
+    record_source: bool = False,
+    record_time: bool = False,
+) -> Audit:
+    """One step of ``model`` on ``inputs`` under a :class:`FormatAuditor`: the forward pass,
+    then (``backward``) ``loss_fn(output).backward()`` (default :func:`default_loss`), then
+    ``optimizer.step()``. Exceptions from the model propagate."""
+    loss_fn = loss_fn or default_loss
+    fa = FormatAuditor(strict=strict, record_source=record_source, record_time=record_time)
+    with fa:
+        output = model(*inputs)
+        if backward:
+            loss_to_backward(loss_fn, output).backward()
+            if optimizer is not None:
+                optimizer.step()
+    return fa.audit
