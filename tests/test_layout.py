@@ -1,0 +1,112 @@
+"""The package's layers: imports flow one way, without cycles or borrowed private names."""
+
+from __future__ import annotations
+
+import ast
+import functools
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "auditor"
+
+#: Each layer may import the layers before it. The README's "How the code is laid out".
+LAYERS = [
+    ("recording",),
+    ("analysis",),
+    ("display",),
+    ("result", "session"),
+    ("fix",),
+    ("plan",),
+    ("api", "fake", "distributed", "plot", "cli", "testing", "pytest_plugin", "__main__", "__init__"),
+]
+RANK = {name: i for i, names in enumerate(LAYERS) for name in names}
+
+
+@functools.cache
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE).with_suffix("").parts
+        out[".".join(parts)] = path
+    return out
+
+
+def _imports(name: str, path: Path) -> list[tuple[str, list[str]]]:
+    """(imported module inside the package, names taken from it) for every import."""
+    package = name.split(".")[:-1]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            elif node.module and node.module.startswith("auditor"):
+                target = node.module.removeprefix("auditor").lstrip(".")
+            else:
+                continue
+            modules = _modules()
+            for a in node.names:  # `from . import analysis` imports the module, not a name
+                sub = f"{target}.{a.name}".lstrip(".")
+                if sub in modules or f"{sub}.__init__" in modules:
+                    found.append((sub, []))
+                else:
+                    found.append((target, [a.name]))
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("auditor."):
+                    found.append((a.name.removeprefix("auditor."), []))
+    return found
+
+
+def _layer(module: str) -> int:
+    top = module.split(".")[0] or "__init__"
+    return RANK[top]
+
+
+def test_every_module_belongs_to_a_layer():
+    for name in _modules():
+        assert name.split(".")[0] in RANK, f"{name} is in no layer of LAYERS"
+
+
+@pytest.mark.parametrize("name", sorted(_modules()))
+def test_imports_flow_down_and_take_no_private_names(name):
+    path = _modules()[name]
+    here = _layer(name)
+    for target, names in _imports(name, path):
+        there = _layer(target) if target else RANK["__init__"]
+        assert there <= here, f"{name} (layer {here}) imports {target} (layer {there})"
+        if there == here and target.split(".")[0] != name.split(".")[0]:
+            # side by side in one layer: only the entry points may use each other
+            assert here == len(LAYERS) - 1 or (name, target) in {("session", "result")}, (name, target)
+        private = [n for n in names if n.startswith("_") and not n.startswith("__")]
+        assert not private, f"{name} imports private {private} from {target}"
+
+
+def test_no_import_cycles():
+    graph: dict[str, set[str]] = {}
+    modules = _modules()
+    for name, path in modules.items():
+        deps = set()
+        for target, names in _imports(name, path):
+            for n in names or [""]:
+                full = f"{target}.{n}" if target else n
+                if full in modules:
+                    deps.add(full)
+                elif target in modules or f"{target}.__init__" in modules:
+                    deps.add(target if target in modules else f"{target}.__init__")
+        graph[name] = deps - {name}
+    state: dict[str, int] = {}
+
+    def visit(n, trail):
+        if state.get(n) == 1:
+            raise AssertionError("import cycle: " + " -> ".join(trail + [n]))
+        if state.get(n) == 2:
+            return
+        state[n] = 1
+        for d in graph.get(n, ()):
+            visit(d, trail + [n])
+        state[n] = 2
+
+    for n in graph:
+        visit(n, [])
