@@ -36,14 +36,16 @@ class Audit:
 
     # -- persistence -----------------------------------------------------------------------
     def to_csv(self, path_or_buf=None):
-        """Write the audit as one CSV (one row per tensor). With no path, return the text."""
-        return csvfile.to_csv(self.events, self.tensors, self.complete, path_or_buf)
+        """Write the audit as one CSV file (README, "The event log"); with no path, return the
+        text. ``complete`` and ``error`` are kept; a path is written atomically."""
+        return csvfile.to_csv(self.events, self.tensors, self.complete, path_or_buf, error=self.error)
 
     @classmethod
     def read_csv(cls, path_or_buf) -> Audit:
-        """Read a CSV written by :meth:`to_csv`; raises ``ValueError`` naming a missing column."""
-        events, tensors, complete = csvfile.read_csv(path_or_buf)
-        return cls(events, tensors, complete=complete, error="" if complete else "recorded as incomplete")
+        """Read a CSV written by :meth:`to_csv` (a path, a buffer, or the text itself), exactly.
+        A cut, edited or foreign file raises ``ValueError`` naming the line and column."""
+        read = csvfile.read_csv(path_or_buf)
+        return cls(read.events, read.tensors, complete=read.complete, error=read.error)
 
     # -- analyses ----------------------------------------------------------------------------
     def flow(self) -> analysis.FlowGraph:

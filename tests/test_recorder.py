@@ -403,12 +403,13 @@ def test_read_csv_rejects_values_outside_the_schema(tmp_path):
     path = tmp_path / "a.csv"
     auditor.audit(model, x).to_csv(path)
     df = pd.read_csv(path, keep_default_na=False, dtype=str)
-    df.loc[0, "phase"] = "sideways"
+    row = df.index[df["record"] == "tensor"][0]
+    df.loc[row, "phase"] = "sideways"
     df.to_csv(path, index=False)
     with pytest.raises(ValueError, match="'phase'.*'sideways'"):
         auditor.Audit.read_csv(path)
-    df.loc[0, "phase"] = "forward"
-    df.loc[1, "tid"] = "x"
+    df.loc[row, "phase"] = "forward"
+    df.loc[row, "tid"] = "x"
     df.to_csv(path, index=False)
     with pytest.raises(ValueError, match="'tid'"):
         auditor.Audit.read_csv(path)
