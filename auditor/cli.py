@@ -1,7 +1,10 @@
 """``format-audit`` / ``python -m auditor``: audit a model from the shell and write the files.
 
-Argument parsing, model loading and file writing only; the work is done by the library.
-Bad input gets one line on stderr and exit status 2, never a traceback.
+Argument parsing, model loading and file writing only; the work is done by the library. A run
+goes through stages, and the stage an exception escapes from, not its class, says whose failure
+it is: importing, building and running the user's model are the user's (exit status 2), analysing
+the audit and writing its files are format-audit's own (exit status 3). Either way the user gets
+one line on stderr, and the traceback only with ``--traceback``.
 """
 
 from __future__ import annotations
@@ -9,47 +12,193 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import math
 import sys
 import time
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
+import auditor
+
+from . import plot
+from .recording.csvfile import atomic_write
+
+EXIT_OK = 0
+EXIT_FINDINGS = 1
 EXIT_USAGE = 2
+EXIT_INTERNAL = 3
+EXIT_INTERRUPTED = 130
 
 FORMATS = ("channels_last", "channels_last_3d", "contiguous")
 DTYPES = ("float32", "float64", "float16", "bfloat16")
 
+#: Every file format-audit may write into a model's folder; one of them there means an audit.
+OUTPUT_FILES = ("events.csv", "hotspots.csv", "summary.csv", "coverage.csv", "report.txt",
+                "heatmap.png", "timeline.png", "fixes.txt")
 
-class UsageError(Exception):
-    """Bad input from the command line: reported in one line, exit status 2."""
+#: Input dimensions are indexed with 32-bit integers by many kernels, the element count with 64.
+MAX_DIM = 2**31 - 1
+MAX_NUMEL = 2**63 - 1
+
+BUG_NOTE = "this is a bug in format-audit; please report it with the command line and --traceback output"
+
+EPILOG = """\
+exit status:
+  0    the audit ran and nothing failed the run
+  1    a finding failed the run: --strict stopped at the first loss of channels_last
+  2    the model, its import, factory or input failed, or a flag is wrong
+  3    format-audit itself failed after the model ran (a bug: please report it)
+  130  interrupted
+"""
+
+
+class Failure(Exception):
+    """A failure already put in words: ``str()`` is the line to print after ``heading``, and
+    ``status`` the exit status."""
+
+    status: int
+    heading: str
+
+
+class Findings(Failure):
+    """The audit found what the flags say fails the run (``--strict``)."""
+
+    status = EXIT_FINDINGS
+    heading = ""
+
+
+class UsageError(Failure):
+    """The user's model, import or input failed, or a flag is wrong."""
+
+    status = EXIT_USAGE
+    heading = "error: "
+
+
+class InternalError(Failure):
+    """format-audit failed after the user's model ran fine: a bug of ours."""
+
+    status = EXIT_INTERNAL
+    heading = "internal error: "
+
+
+def one_line(exc: BaseException) -> str:
+    """The exception's type and the first line of its message: enough to say what went wrong."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+@contextmanager
+def blame(failure: type[Failure], what: str) -> Iterator[None]:
+    """Run one stage of the audit: any exception escaping it becomes ``failure`` with the message
+    "what: Type: message", the original kept as its cause for ``--traceback``."""
+    try:
+        yield
+    except Failure:
+        raise
+    except Exception as exc:
+        raise failure(f"{what}: {one_line(exc)}") from exc
 
 
 def parse_input(text: str) -> tuple[int, ...]:
+    """The ``--input`` shape; checked here so an impossible one never reaches torch."""
     try:
         dims = tuple(int(p) for p in text.split(","))
     except ValueError:
-        raise UsageError(f"--input must be comma-separated positive integers like 1,3,224,224, got {text!r}") from None
+        dims = ()
     if not dims or any(d <= 0 for d in dims):
         raise UsageError(f"--input must be comma-separated positive integers like 1,3,224,224, got {text!r}")
+    if max(dims) > MAX_DIM:
+        raise UsageError(f"--input dimension {max(dims)} is too large: each must be below 2**31")
+    if math.prod(dims) > MAX_NUMEL:
+        raise UsageError(f"--input {text} has more elements than a tensor can index (2**63)")
     return dims
 
 
-def load_model(spec: str):
-    """``torchvision:NAME``, ``path/to/file.py:FACTORY`` or ``package.module:FACTORY`` -> a model.
+def at_least_one(flag: str) -> Callable[[str], int]:
+    """A parser ``type`` for a count flag. Like every check here it raises UsageError, which
+    argparse lets through, so the message is ours and not "argument --top: invalid int value"."""
 
-    Factories are called with no arguments. torchvision models get random weights.
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise UsageError(f"{flag} must be an integer, got {text!r}") from None
+        if value < 1:
+            raise UsageError(f"{flag} must be at least 1, got {value}")
+        return value
+
+    return parse
+
+
+def one_of(flag: str, choices: tuple[str, ...]) -> Callable[[str], str]:
+    """A parser ``type`` for a flag with ``choices``, giving the one-line message for a value
+    outside them before argparse's own check."""
+
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise UsageError(f"unknown {flag} {text!r}; use one of {', '.join(choices)}")
+        return text
+
+    return parse
+
+
+def load_model(spec: str) -> torch.nn.Module:
+    """``torchvision:NAME``, ``timm:NAME``, ``path/to/file.py:FACTORY`` or
+    ``package.module:FACTORY`` -> a model.
+
+    Factories are called with no arguments. torchvision and timm models get random weights.
     """
     source, sep, name = spec.rpartition(":")
     if not sep or not source or not name:
-        raise UsageError(f"MODEL must look like torchvision:resnet50, file.py:factory or pkg.mod:factory, got {spec!r}")
+        raise UsageError(f"MODEL must look like torchvision:resnet50, timm:resnet50, file.py:factory "
+                         f"or pkg.mod:factory, got {spec!r}")
     if source == "torchvision":
-        import torchvision
-
+        model = _torchvision_model(name)
+    elif source == "timm":
+        model = _timm_model(name)
+    else:
+        factory = getattr(_import_source(source), name, None)
+        if factory is None or not callable(factory):
+            raise UsageError(f"{source} has no factory {name!r}")
         try:
-            return torchvision.models.get_model(name, weights=None)
-        except ValueError:
-            raise UsageError(f"unknown torchvision model {name!r}") from None
-        except Exception as exc:  # building the model itself failed
-            raise UsageError(f"torchvision model {name!r} could not be built: {exc}") from None
+            model = factory()
+        except Exception as exc:
+            raise UsageError(f"factory {spec} raised {one_line(exc)}") from exc
+    if not isinstance(model, torch.nn.Module):
+        raise UsageError(f"{spec} returned a {type(model).__name__}, not a torch.nn.Module")
+    return model
+
+
+def _torchvision_model(name: str) -> torch.nn.Module:
+    import torchvision
+
+    try:
+        return torchvision.models.get_model(name, weights=None)
+    except ValueError:
+        raise UsageError(f"unknown torchvision model {name!r}") from None
+    except Exception as exc:  # building the model itself failed
+        raise UsageError(f"torchvision model {name!r} could not be built: {one_line(exc)}") from exc
+
+
+def _timm_model(name: str) -> torch.nn.Module:
+    try:
+        import timm
+    except ImportError:
+        raise UsageError(f"timm:{name} needs timm, which is not installed (pip install timm)") from None
+    if not timm.is_model(name):
+        raise UsageError(f"timm has no model {name!r}")
+    try:
+        return timm.create_model(name, pretrained=False)
+    except Exception as exc:
+        raise UsageError(f"timm model {name!r} could not be built: {one_line(exc)}") from exc
+
+
+def _import_source(source: str):
     if source.endswith(".py"):
         path = Path(source)
         if not path.is_file():
@@ -59,19 +208,12 @@ def load_model(spec: str):
         try:
             module_spec.loader.exec_module(module)
         except Exception as exc:
-            raise UsageError(f"{source} failed to import: {type(exc).__name__}: {exc}") from None
-    else:
-        try:
-            module = importlib.import_module(source)
-        except Exception as exc:
-            raise UsageError(f"cannot import {source!r}: {type(exc).__name__}: {exc}") from None
-    factory = getattr(module, name, None)
-    if factory is None or not callable(factory):
-        raise UsageError(f"{source} has no factory {name!r}")
+            raise UsageError(f"{source} failed to import: {one_line(exc)}") from exc
+        return module
     try:
-        return factory()
+        return importlib.import_module(source)
     except Exception as exc:
-        raise UsageError(f"factory {spec} raised {type(exc).__name__}: {exc}") from None
+        raise UsageError(f"cannot import {source!r}: {one_line(exc)}") from exc
 
 
 def default_input(spec: str, fmt: str) -> tuple[int, ...]:
@@ -82,18 +224,43 @@ def default_input(spec: str, fmt: str) -> tuple[int, ...]:
     return (1, 3, 224, 224)
 
 
-def _prepare_out(out: str | None) -> Path | None:
+def folder_names(specs: list[str]) -> list[str]:
+    """One folder per model, named after its factory; a name already taken in this run gets
+    ``-2``, ``-3``, ... so two models never write into one folder."""
+    taken: set[str] = set()
+    names = []
+    for spec in specs:
+        base = name = spec.rpartition(":")[2]
+        count = 1
+        while name in taken:
+            count += 1
+            name = f"{base}-{count}"
+        taken.add(name)
+        names.append(name)
+    return names
+
+
+def prepare_out(out: str | None, specs: list[str], force: bool) -> list[Path | None]:
+    """The folder each model's files go to, created and writable; a folder that already holds
+    an audit is refused unless ``force``, before any model runs."""
     if out is None:
-        return None
-    path = Path(out)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".format-audit-write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as exc:
-        raise UsageError(f"--out {out}: cannot write there ({exc.strerror or exc})") from None
-    return path
+        return [None] * len(specs)
+    root = Path(out)
+    folders = [root / name for name in folder_names(specs)] if len(specs) > 1 else [root]
+    for folder in folders:
+        existing = [name for name in OUTPUT_FILES if (folder / name).exists()]
+        if existing and not force:
+            raise UsageError(f"--out {folder} already holds an audit ({', '.join(existing)}); "
+                             "add --force to overwrite it")
+    for folder in folders:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            probe = folder / ".format-audit-write-test"
+            probe.write_text("")
+            probe.unlink()
+        except OSError as exc:
+            raise UsageError(f"--out {folder}: cannot write there ({exc.strerror or exc})") from None
+    return folders
 
 
 class Progress:
@@ -129,77 +296,110 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="format-audit",
         description="Audit where a model loses channels_last, what it costs, and where in the code.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("models", nargs="+", metavar="MODEL",
-                   help="torchvision:NAME, path/to/file.py:FACTORY or package.module:FACTORY")
-    p.add_argument("--input", default=None, help="input shape, e.g. 1,3,224,224 (default by model)")
-    p.add_argument("--format", default="channels_last", help=f"one of {', '.join(FORMATS)}")
-    p.add_argument("--dtype", default="float32", help=f"one of {', '.join(DTYPES)}")
+                   help="torchvision:NAME, timm:NAME, path/to/file.py:FACTORY or package.module:FACTORY")
+    p.add_argument("--input", type=parse_input, metavar="N,C,H,W",
+                   help="input shape (default: 1,3,224,224; 1,3,299,299 for inception_v3; "
+                        "1,3,16,112,112 for channels_last_3d)")
+    # `choices` lists the values in --help; the `type` check has already given its own message
+    p.add_argument("--format", type=one_of("--format", FORMATS), choices=FORMATS, default="channels_last",
+                   help="memory format of the model and the input (default: %(default)s)")
+    p.add_argument("--dtype", type=one_of("--dtype", DTYPES), choices=DTYPES, default="float32",
+                   help="dtype of the model and the input (default: %(default)s)")
     p.add_argument("--no-backward", action="store_true", help="audit the forward pass only")
-    p.add_argument("--device", default=None, help="target device, e.g. cpu or cuda (real runs: where to run)")
+    p.add_argument("--device", default=None,
+                   help="target device, e.g. cpu or cuda; real runs run there (default: cpu)")
     p.add_argument("--fake", action="store_true",
                    help="run on fake tensors: the target's layout rules without its memory or compute")
-    p.add_argument("--depth", type=int, default=1, help="module depth of the summary and heatmap")
-    p.add_argument("--out", default=None, help="directory for the CSV, PNG and report files")
+    p.add_argument("--strict", action="store_true",
+                   help="stop at the first op that loses channels_last and exit with status 1")
     p.add_argument("--record-source", action="store_true", help="record the source line of each op")
-    p.add_argument("--top", type=int, default=10, help="hotspot groups shown in the report")
+    p.add_argument("--record-time", action="store_true", help="record the wall time of each op")
+    p.add_argument("--depth", type=at_least_one("--depth"), default=1,
+                   help="module depth of the summary and heatmap (default: %(default)s)")
+    p.add_argument("--top", type=at_least_one("--top"), default=10,
+                   help="hotspot groups shown in the report (default: %(default)s)")
+    p.add_argument("--fix", action="store_true",
+                   help="print the suggested fixes after the report, and write fixes.txt with --out "
+                        "(records source lines)")
+    p.add_argument("--out", metavar="DIR",
+                   help="write the audit's files there; one folder per model when several are given")
+    p.add_argument("--force", action="store_true", help="overwrite an audit already in --out")
+    p.add_argument("--traceback", action="store_true", help="print the full traceback of a failure")
+    p.add_argument("--version", action="version",
+                   version=f"format-audit {auditor.__version__} (torch {torch.__version__})")
     return p
 
 
+@dataclass
+class ModelAudit:
+    """One model's audit and the texts made from it, as printed and written."""
+
+    audit: auditor.Audit
+    depth: int
+    report: str
+    fixes: str | None
+
+
 def run(args: argparse.Namespace) -> int:
-    import torch
-
-    target = _Target.from_args(args)
-    out = _prepare_out(args.out)
-    several = len(args.models) > 1
+    """Every model in turn; a failure stops the run and reaches :func:`main` as an exception."""
+    target = Target.from_args(args)
+    folders = prepare_out(args.out, args.models, args.force)
     progress = Progress(len(args.models) * 3)
-    reports = []
-    for spec in args.models:
-        name = spec.rpartition(":")[2]
-        progress.step(f"{name}: building")
+    texts = []
+    try:
+        for spec, folder in zip(args.models, folders):
+            texts.append(audit_model(spec, folder, target, progress))
+    finally:  # what finished is printed even when a later model fails
+        progress.close()
+        if texts:
+            print("\n\n".join(texts))
+    return EXIT_OK
+
+
+def audit_model(spec: str, folder: Path | None, target: Target, progress: Progress) -> str:
+    """Build, audit, analyse and write one model; the text to print for it."""
+    args = target.args
+    name = spec.rpartition(":")[2]
+    progress.step(f"{name}: building")
+    with blame(UsageError, f"{spec} could not be loaded"):
         model = load_model(spec)
-        if not isinstance(model, torch.nn.Module):
-            raise UsageError(f"{spec} returned a {type(model).__name__}, not a torch.nn.Module")
-        dims = target.input_shape(spec)
-        progress.advance(f"{name}: recording")
-        audit = target.audit(spec, model, dims)
-        progress.advance(f"{name}: analysing")
+    dims = args.input or default_input(spec, args.format)
+    progress.advance(f"{name}: recording")
+    audit = target.audit(spec, model, dims)
+    progress.advance(f"{name}: analysing")
+    with blame(InternalError, f"analysing {spec}"):
         report = audit.report(top=args.top, depth=args.depth)
-        if out is not None:
-            folder = out / name if several else out
-            folder.mkdir(parents=True, exist_ok=True)
-            written = write_outputs(audit, folder, args.depth, report)
-            report += "\n\nWrote: " + ", ".join(str(p) for p in written)
-        reports.append(target.title(spec, dims) + "\n" + report)
-        progress.advance(f"{name}: done")
-    progress.close()
-    print("\n\n".join(reports))
-    return 0
+        fixes = str(auditor.suggest_fixes(audit)) if args.fix else None
+    result = ModelAudit(audit, args.depth, report, fixes)
+    text = target.title(spec, dims) + "\n" + "\n\n".join(t for t in (report, fixes) if t is not None)
+    if folder is not None:
+        with blame(InternalError, f"writing the files of {spec}"):
+            written = write_outputs(result, folder)
+        text += "\n\nWrote: " + ", ".join(str(p) for p in written)
+    progress.advance(f"{name}: done")
+    return text
 
 
-class _Target:
-    """What the flags say about the run: format, dtype, device, real or fake, and the input."""
+class Target:
+    """What the flags say about the run: format, dtype, device, real or fake."""
 
-    def __init__(self, args: argparse.Namespace, device):
-        import torch
-
+    def __init__(self, args: argparse.Namespace, device: torch.device | None):
         self.args = args
         self.device = device
         self.dtype = getattr(torch, args.dtype)
         self.memory_format = {"channels_last": torch.channels_last, "channels_last_3d": torch.channels_last_3d,
                               "contiguous": torch.contiguous_format}[args.format]
-        self.shape = parse_input(args.input) if args.input else None
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> _Target:
-        import torch
-
-        if args.format not in FORMATS:
-            raise UsageError(f"unknown --format {args.format!r}; use one of {', '.join(FORMATS)}")
-        if args.dtype not in DTYPES:
-            raise UsageError(f"unknown --dtype {args.dtype!r}; use one of {', '.join(DTYPES)}")
-        if args.depth < 1:
-            raise UsageError(f"--depth must be at least 1, got {args.depth}")
+    def from_args(cls, args: argparse.Namespace) -> Target:
+        """The checks that need several flags at once; each flag alone was checked by the parser."""
+        rank = {"channels_last": 4, "channels_last_3d": 5}.get(args.format)
+        if args.input and rank and len(args.input) != rank:
+            raise UsageError(f"--format {args.format} needs a {rank}-D --input, got {len(args.input)}-D")
         device = None
         if args.device is not None:
             try:
@@ -210,37 +410,29 @@ class _Target:
                 raise UsageError("--device cuda needs a GPU; add --fake to audit for cuda without one")
         return cls(args, device)
 
-    def input_shape(self, spec: str) -> tuple[int, ...]:
-        import torch
-
-        dims = self.shape or default_input(spec, self.args.format)
-        rank = 4 if self.args.format == "channels_last" else 5
-        if self.memory_format is not torch.contiguous_format and len(dims) != rank:
-            raise UsageError(f"--format {self.args.format} needs a {rank}-D --input, got {len(dims)}-D")
-        return dims
-
-    def audit(self, spec: str, model, dims: tuple[int, ...]):
-        import torch
-
-        import auditor
-
+    def audit(self, spec: str, model: torch.nn.Module, dims: tuple[int, ...]) -> auditor.Audit:
+        """The recorded step: whatever fails in it, from moving the model to its last backward op,
+        is the user's model or input failing."""
         args, fmt = self.args, self.memory_format
-        torch.manual_seed(0)
-        if args.fake:
-            # parameters stay where they are; the fake audit moves fakes of them to the target
-            model = model.to(memory_format=fmt)
-            x = torch.empty(*dims, device="meta").to(memory_format=fmt)
-            run_on = {"fake": True, "device": self.device or "cpu", "dtype": self.dtype}
-        else:
-            model = model.to(device=self.device, dtype=self.dtype, memory_format=fmt)
-            x = torch.randn(*dims, dtype=self.dtype, device=self.device).to(memory_format=fmt)
-            run_on = {}
-        try:
-            return auditor.audit(model, x, backward=not args.no_backward, record_source=args.record_source,
-                                 **run_on)
-        except (RuntimeError, ValueError, TypeError) as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise UsageError(f"{spec} failed on input {','.join(map(str, dims))} {args.dtype}: {first}") from None
+        options = {"backward": not args.no_backward, "strict": args.strict}
+        if args.record_source or args.fix:
+            options["record_source"] = True
+        if args.record_time:
+            options["record_time"] = True
+        with blame(UsageError, f"{spec} failed on input {','.join(map(str, dims))} {args.dtype}"):
+            torch.manual_seed(0)
+            if args.fake:
+                # parameters stay where they are; the fake audit moves fakes of them to the target
+                model = model.to(memory_format=fmt)
+                x = torch.empty(*dims, device="meta").to(memory_format=fmt)
+                options.update(fake=True, device=self.device or "cpu", dtype=self.dtype)
+            else:
+                model = model.to(device=self.device, dtype=self.dtype, memory_format=fmt)
+                x = torch.randn(*dims, dtype=self.dtype, device=self.device).to(memory_format=fmt)
+            try:
+                return auditor.audit(model, x, **options)
+            except auditor.FormatLossError as exc:
+                raise Findings(f"{spec}: {' '.join(str(exc).split())}") from exc
 
     def title(self, spec: str, dims: tuple[int, ...]) -> str:
         args = self.args
@@ -250,43 +442,72 @@ class _Target:
         )
 
 
-def write_outputs(audit, target: Path, depth: int, report: str) -> list[Path]:
-    """The audit's files: events.csv, hotspots.csv, summary.csv, coverage.csv, report.txt, and
-    the heatmap and timeline PNGs."""
+def _writers(result: ModelAudit) -> dict[str, Callable[[Path], object]]:
+    """Each file of one model's audit, named as in OUTPUT_FILES, and how to write it to a path."""
+    audit, depth = result.audit, result.depth
     files = {
-        "events.csv": lambda p: audit.to_csv(p),
+        "events.csv": audit.to_csv,
         "hotspots.csv": lambda p: audit.hotspots().to_csv(p, index=False),
         "summary.csv": lambda p: audit.summary(depth).to_csv(p, index=False),
         "coverage.csv": lambda p: audit.coverage().to_csv(p, index=False),
-        "report.txt": lambda p: p.write_text(report + "\n"),
+        "report.txt": lambda p: p.write_text(result.report + "\n"),
+        # the temporary name does not end in .png, hence the explicit format
+        "heatmap.png": lambda p: plot.save(plot.heatmap(audit, depth=depth), p, format="png"),
+        "timeline.png": lambda p: plot.save(plot.format_timeline(audit), p, format="png"),
     }
-    from . import plot
-    from .recording.csvfile import atomic_write
+    if result.fixes is not None:
+        files["fixes.txt"] = lambda p: p.write_text(result.fixes + "\n")
+    return files
 
-    files["heatmap.png"] = lambda p: plot.save(plot.heatmap(audit, depth=depth), p, format="png")
-    files["timeline.png"] = lambda p: plot.save(plot.format_timeline(audit), p, format="png")
-    written = []
-    for name, write in files.items():
-        path = target / name
-        atomic_write(path, write)
-        written.append(path)
-    return written
+
+def write_outputs(result: ModelAudit, folder: Path) -> list[Path]:
+    """Write the audit's files into ``folder``, each atomically, and remove those an earlier
+    audit there (overwritten with ``--force``) had and this one has not, so the folder holds one
+    audit. A file that cannot be written or removed is the user's ``--out`` at fault."""
+    writers = _writers(result)
+    for name in OUTPUT_FILES:
+        path = folder / name
+        try:
+            if name in writers:
+                atomic_write(path, writers[name])
+            else:
+                path.unlink(missing_ok=True)
+        except OSError as exc:
+            raise UsageError(f"--out {folder}: cannot write {name} ({exc.strerror or exc})") from exc
+    return [folder / name for name in OUTPUT_FILES if name in writers]
+
+
+def report_failure(failure: BaseException, line: str, show_traceback: bool) -> None:
+    """One line on stderr; first, when asked for, the traceback with the exception it wraps."""
+    if show_traceback:
+        traceback.print_exception(failure)
+    sys.stderr.write(f"format-audit: {line}\n")
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run format-audit on ``argv`` and return its exit status (the parser's epilog lists them)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version, or a command line argparse has reported
+        return exc.code
+    except UsageError as exc:  # a flag's value, reported by its own check
+        report_failure(exc, f"{exc.heading}{exc}", show_traceback=False)
+        return exc.status
     try:
         return run(args)
-    except UsageError as exc:
-        sys.stderr.write(f"\nformat-audit: error: {exc}\n")
-        return EXIT_USAGE
-    except OSError as exc:
-        sys.stderr.write(f"\nformat-audit: error: {exc}\n")
-        return EXIT_USAGE
-    except KeyboardInterrupt:
-        sys.stderr.write("\nformat-audit: interrupted\n")
-        return 130
+    except Failure as exc:
+        report_failure(exc, f"{exc.heading}{exc}", args.traceback)
+        status = exc.status
+    except KeyboardInterrupt as exc:
+        report_failure(exc, "interrupted", args.traceback)
+        return EXIT_INTERRUPTED
+    except Exception as exc:  # a bug in this file, outside every stage
+        report_failure(exc, f"{InternalError.heading}{one_line(exc)}", args.traceback)
+        status = EXIT_INTERNAL
+    if status == EXIT_INTERNAL:
+        sys.stderr.write(BUG_NOTE + "\n")
+    return status
 
 
 if __name__ == "__main__":

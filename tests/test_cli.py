@@ -1,16 +1,20 @@
-"""format-audit: files written, progress shown, bad input gets one line and exit status 2."""
+"""format-audit: files written, progress shown, every exit status, every flag's checks."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
+import torch
 from matplotlib.image import imread
 
 import auditor
-from auditor.cli import main
+import auditor.plot
+from auditor import cli
+from auditor.cli import build_parser, main
 
 FACTORY = textwrap.dedent(
     """
@@ -24,6 +28,21 @@ FACTORY = textwrap.dedent(
 
     def broken():
         raise RuntimeError("no weights here")
+
+    class LooksUpAKey(nn.Module):
+        def forward(self, x):
+            return {"y": x}["x"]
+
+    class Asserts(nn.Module):
+        def forward(self, x):
+            assert x.shape[1] == 4, "wants 4 channels"
+            return x
+
+    def key_error():
+        return LooksUpAKey()
+
+    def assertion():
+        return Asserts()
 
     NOT_A_FACTORY = 3
     """
@@ -132,3 +151,313 @@ def test_python_dash_m_and_usage_errors_from_argparse(models_file, tmp_path):
     assert run.returncode == 2 and "Traceback" not in run.stderr and "usage:" in run.stderr
     run = subprocess.run([sys.executable, "-m", "auditor", "torchvision:nope"], capture_output=True, text=True, timeout=300)
     assert run.returncode == 2 and run.stderr.strip().splitlines()[-1] == "format-audit: error: unknown torchvision model 'nope'"
+
+
+def _last_line(err: str) -> str:
+    return [line for line in err.splitlines() if line.strip()][-1]
+
+
+# ---- exit statuses ----------------------------------------------------------------------------
+
+
+def test_exit_0_when_the_audit_ran(models_file, capsys):
+    assert main([f"{models_file}:small", "--input", "1,3,8,8"]) == 0
+    assert "format-audit:" not in capsys.readouterr().err
+
+
+def test_exit_1_strict_stops_at_the_first_loss_in_one_line(models_file, capsys):
+    assert main([f"{models_file}:small", "--input", "1,3,8,8", "--strict"]) == 1
+    err = capsys.readouterr().err
+    last = _last_line(err)
+    assert last.startswith(f"format-audit: {models_file}:small: aten._softmax.default lost channels_last")
+    assert "Inputs: self: shape (1, 8, 8, 8)" in last and "Traceback" not in err
+    assert main([f"{models_file}:clean", "--input", "1,3,8,8", "--strict"]) == 0
+
+
+@pytest.mark.parametrize(
+    "factory, message",
+    [
+        ("key_error", "key_error failed on input 1,3,8,8 float32: KeyError: 'x'"),
+        ("assertion", "assertion failed on input 1,3,8,8 float32: AssertionError: wants 4 channels"),
+    ],
+)
+def test_exit_2_any_exception_in_the_users_forward(models_file, capsys, factory, message):
+    assert main([f"{models_file}:{factory}", "--input", "1,3,8,8"]) == 2
+    err = capsys.readouterr().err
+    assert _last_line(err) == f"format-audit: error: {models_file}:{message}"
+    assert "Traceback" not in err
+
+
+def test_exit_2_a_batch_too_large_to_allocate(models_file, capsys):
+    # within every --input limit, but 2**62 float32 elements overflow the storage size in torch
+    assert main([f"{models_file}:small", "--input", "1073741824,1073741824,4,1"]) == 2
+    last = _last_line(capsys.readouterr().err)
+    assert last.startswith(f"format-audit: error: {models_file}:small failed on input 1073741824,1073741824,4,1 float32: RuntimeError: ")
+
+
+def test_exit_2_with_traceback_prints_the_users_frame_too(models_file, capsys):
+    assert main([f"{models_file}:key_error", "--input", "1,3,8,8", "--traceback"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and 'return {"y": x}["x"]' in err
+    assert _last_line(err).startswith("format-audit: error: ") and _last_line(err).endswith("KeyError: 'x'")
+
+
+def test_a_later_models_failure_still_prints_the_earlier_reports(models_file, capsys):
+    assert main([f"{models_file}:small", f"{models_file}:key_error", "--input", "1,3,8,8"]) == 2
+    printed = capsys.readouterr()
+    assert f"== {models_file}:small" in printed.out and "aten._softmax.default" in printed.out
+    assert "KeyError: 'x'" in _last_line(printed.err)
+
+
+def _raise(exc):
+    def raiser(*args, **kwargs):
+        raise exc
+
+    return raiser
+
+
+@pytest.mark.parametrize(
+    "target, name, extra, what",
+    [
+        (auditor.Audit, "report", [], "analysing {f}:small: KeyError: 'column'"),
+        (auditor, "suggest_fixes", ["--fix"], "analysing {f}:small: KeyError: 'column'"),
+        (auditor.plot, "heatmap", ["--out", "{out}"], "writing the files of {f}:small: KeyError: 'column'"),
+        (auditor.cli, "default_input", [], "KeyError: 'column'"),  # a bug in the CLI itself
+    ],
+)
+def test_exit_3_an_internal_error_after_the_model_ran(models_file, tmp_path, capsys, monkeypatch, target, name, extra, what):
+    monkeypatch.setattr(target, name, _raise(KeyError("column")))
+    argv = [f"{models_file}:small", *(a.format(out=tmp_path / "out") for a in extra)]
+    if name != "default_input":
+        argv += ["--input", "1,3,8,8"]
+    assert main(argv) == 3
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines[-2] == "format-audit: internal error: " + what.format(f=models_file)
+    assert lines[-1] == "this is a bug in format-audit; please report it with the command line and --traceback output"
+    assert "Traceback" not in err
+
+
+def test_exit_3_with_traceback_shows_where_it_broke(models_file, capsys, monkeypatch):
+    def broken_report(self, top=10, depth=1):
+        raise ValueError("analysis bug")
+
+    monkeypatch.setattr(auditor.Audit, "report", broken_report)
+    assert main([f"{models_file}:small", "--input", "1,3,8,8", "--traceback"]) == 3
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and "in broken_report" in err
+    assert "format-audit: internal error: analysing" in err
+
+
+def test_an_oserror_while_writing_is_the_out_folders_exit_2(models_file, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(auditor.Audit, "to_csv", _raise(PermissionError(13, "Permission denied")))
+    out = tmp_path / "out"
+    assert main([f"{models_file}:small", "--input", "1,3,8,8", "--out", str(out)]) == 2
+    assert _last_line(capsys.readouterr().err) == f"format-audit: error: --out {out}: cannot write events.csv (Permission denied)"
+
+
+def test_exit_130_when_interrupted(models_file, capsys, monkeypatch):
+    monkeypatch.setattr(auditor, "audit", _raise(KeyboardInterrupt()))
+    assert main([f"{models_file}:small", "--input", "1,3,8,8"]) == 130
+    assert _last_line(capsys.readouterr().err) == "format-audit: interrupted"
+
+
+# ---- flags ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--top", "0"], "--top must be at least 1, got 0"),
+        (["--top", "-3"], "--top must be at least 1, got -3"),
+        (["--top", "ten"], "--top must be an integer, got 'ten'"),
+        (["--depth", "-1"], "--depth must be at least 1, got -1"),
+        (["--depth", "1.5"], "--depth must be an integer, got '1.5'"),
+        (["--input", ""], "--input must be comma-separated positive integers like 1,3,224,224, got ''"),
+        (["--input="], "--input must be comma-separated positive integers like 1,3,224,224, got ''"),
+        (["--input", "1,-3,8,8"], "--input must be comma-separated positive integers"),
+        (["--input", "1,3,,8"], "--input must be comma-separated positive integers"),
+        (["--input", "99999999999999999999,3,8,8"], "--input dimension 99999999999999999999 is too large: each must be below 2**31"),
+        (["--input", "2147483648,3,8,8"], "--input dimension 2147483648 is too large"),
+        (["--input", "2147483647,2147483647,2147483647,3"], "more elements than a tensor can index"),
+    ],
+)
+def test_every_range_check_is_one_line_and_exit_2(models_file, capsys, args, message):
+    assert main([f"{models_file}:small", *args]) == 2
+    err = capsys.readouterr().err
+    assert _last_line(err).startswith("format-audit: error: ") and message in _last_line(err)
+    assert "recording" not in err  # refused before any model is built
+
+
+def test_the_largest_dimension_and_element_count_pass():
+    from auditor.cli import parse_input
+
+    assert parse_input("2147483647,1,1,1") == (2147483647, 1, 1, 1)
+    assert parse_input("2147483647,2147483647,2,1") == (2147483647, 2147483647, 2, 1)
+
+
+@pytest.mark.parametrize("args", [["--top"], ["--bogus"], []])
+def test_malformed_command_lines_show_the_usage_and_exit_2(models_file, capsys, args):
+    argv = [f"{models_file}:small", *args] if args else []
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "usage: format-audit" in err and _last_line(err).startswith("format-audit: error: ")
+
+
+def test_version(capsys):
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == f"format-audit {auditor.__version__} (torch {torch.__version__})\n"
+
+
+def test_help_lists_choices_defaults_and_exit_statuses(capsys):
+    assert main(["--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines at the terminal width
+    assert "{channels_last,channels_last_3d,contiguous}" in text
+    assert "{float32,float64,float16,bfloat16}" in text
+    for default in ("(default: channels_last)", "(default: float32)", "(default: 10)", "(default: 1)"):
+        assert default in text
+    assert "exit status:" in text
+    for status in ("0 ", "1 a finding", "2 the model", "3 format-audit itself", "130 interrupted"):
+        assert status in text
+
+
+def test_readme_command_line_names_every_flag_and_status():
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("## Command line", 1)[1].split("\n## ", 1)[0]
+    for action in build_parser()._actions:
+        for flag in action.option_strings:
+            if flag.startswith("--"):
+                assert flag in section, f"README's Command line section does not name {flag}"
+    for status in (0, 1, 2, 3, 130):
+        assert f"| {status} |" in section
+
+
+def test_record_time_and_record_source_reach_the_audit(models_file, capsys, monkeypatch):
+    calls = []
+    real_audit = auditor.audit
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        return real_audit(*args, **kwargs)
+
+    monkeypatch.setattr(auditor, "audit", spy)
+    assert main([f"{models_file}:small", "--input", "1,3,8,8", "--record-time", "--record-source"]) == 0
+    assert calls[-1]["record_time"] is True and calls[-1]["record_source"] is True
+    assert main([f"{models_file}:small", "--input", "1,3,8,8", "--fix"]) == 0
+    assert calls[-1]["record_source"] is True  # a fix names the line to change
+    assert main([f"{models_file}:small", "--input", "1,3,8,8", "--record-time", "--fake"]) == 0
+    assert calls[-1]["record_time"] is True and calls[-1]["fake"] is True
+
+
+def test_record_time_times_every_op(models_file, tmp_path, capsys, monkeypatch):
+    audits = []
+    real_audit = auditor.audit
+    monkeypatch.setattr(auditor, "audit", lambda *a, **k: audits.append(real_audit(*a, **k)) or audits[-1])
+    assert main([f"{models_file}:small", "--input", "1,3,8,8", "--record-time"]) == 0
+    assert audits[0].events["duration_us"].notna().all()
+
+
+def test_fix_prints_and_writes_the_suggested_fixes(models_file, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main([f"{models_file}:small", "--input", "1,3,8,8", "--fix", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    fixes = (out / "fixes.txt").read_text()
+    assert "SoftmaxKeepFormat" in fixes and fixes.strip() in printed
+    assert printed.index("Hotspots:") < printed.index(fixes.strip())  # after the report
+    assert sorted(p.name for p in out.iterdir()) == sorted(cli.OUTPUT_FILES)  # --force checks them all
+    assert "fixes.txt" not in (out / "report.txt").read_text()
+
+
+# ---- output folders ---------------------------------------------------------------------------
+
+
+def test_an_existing_audit_is_refused_without_force(models_file, tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "report.txt").write_text("an earlier audit\n")
+    (out / "fixes.txt").write_text("its fixes\n")
+    (out / "notes.md").write_text("not ours\n")
+    assert main([f"{models_file}:small", "--input", "1,3,8,8", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert _last_line(err) == (f"format-audit: error: --out {out} already holds an audit (report.txt, fixes.txt); "
+                               "add --force to overwrite it")
+    assert "recording" not in err and (out / "report.txt").read_text() == "an earlier audit\n"
+    assert main([f"{models_file}:small", "--input", "1,3,8,8", "--out", str(out), "--force"]) == 0
+    assert "aten._softmax.default" in (out / "report.txt").read_text()
+    assert not (out / "fixes.txt").exists()  # the earlier audit's, not this one's
+    assert (out / "notes.md").read_text() == "not ours\n"
+
+
+def test_a_folder_that_holds_only_other_files_is_fine(models_file, tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.md").write_text("")
+    assert main([f"{models_file}:clean", "--input", "1,3,8,8", "--out", str(out), "--no-backward"]) == 0
+
+
+def test_several_models_refuse_an_existing_audit_in_any_folder(models_file, tmp_path, capsys):
+    out = tmp_path / "out"
+    (out / "clean").mkdir(parents=True)
+    (out / "clean" / "events.csv").write_text("")
+    argv = [f"{models_file}:small", f"{models_file}:clean", "--input", "1,3,8,8", "--out", str(out)]
+    assert main(argv) == 2
+    assert f"--out {out / 'clean'} already holds an audit (events.csv)" in capsys.readouterr().err
+    assert not (out / "small").exists()  # refused before anything was written
+
+
+def test_models_with_the_same_name_get_distinct_folders(models_file, tmp_path, capsys):
+    other = tmp_path / "other" / "models.py"
+    other.parent.mkdir()
+    other.write_text(FACTORY)
+    out = tmp_path / "out"
+    argv = [f"{models_file}:small", f"{models_file}:small", f"{other}:small", "--input", "1,3,8,8",
+            "--no-backward", "--out", str(out)]
+    assert main(argv) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["small", "small-2", "small-3"]
+    for folder in ("small", "small-2", "small-3"):
+        assert (out / folder / "events.csv").exists()
+    printed = capsys.readouterr().out
+    assert str(out / "small-3" / "events.csv") in printed
+
+
+def test_folder_names_never_collide():
+    assert cli.folder_names(["a.py:make", "b.py:make"]) == ["make", "make-2"]
+    assert cli.folder_names(["x:foo-2", "y:foo", "z:foo"]) == ["foo-2", "foo", "foo-3"]
+    assert cli.folder_names(["torchvision:resnet18"] * 3) == ["resnet18", "resnet18-2", "resnet18-3"]
+
+
+# ---- model specs ------------------------------------------------------------------------------
+
+
+def test_timm_model(capsys):
+    pytest.importorskip("timm")
+    assert main(["timm:efficientnet_b0", "--input", "2,3,32,32", "--no-backward", "--top", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert "== timm:efficientnet_b0  input 2x3x32x32" in printed and "Format audit:" in printed
+
+
+def test_timm_unknown_model(capsys):
+    pytest.importorskip("timm")
+    assert main(["timm:no_such_net"]) == 2
+    assert _last_line(capsys.readouterr().err) == "format-audit: error: timm has no model 'no_such_net'"
+
+
+def test_timm_not_installed(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "timm", None)  # `import timm` raises ImportError
+    assert main(["timm:efficientnet_b0"]) == 2
+    last = _last_line(capsys.readouterr().err)
+    assert last == "format-audit: error: timm:efficientnet_b0 needs timm, which is not installed (pip install timm)"
+
+
+def test_package_module_factory(models_file, capsys, monkeypatch):
+    monkeypatch.syspath_prepend(str(models_file.parent))
+    monkeypatch.delitem(sys.modules, "models", raising=False)
+    assert main(["models:clean", "--input", "1,3,8,8", "--no-backward"]) == 0
+    assert "== models:clean" in capsys.readouterr().out
+
+
+def test_a_factory_that_returns_no_module(models_file, capsys):
+    assert main([f"{models_file}:NOT_A_FACTORY", "--input", "1,3,8,8"]) == 2
+    models_file.write_text(FACTORY + "\ndef number():\n    return 3\n")
+    assert main([f"{models_file}:number", "--input", "1,3,8,8"]) == 2
+    assert "returned a int, not a torch.nn.Module" in _last_line(capsys.readouterr().err)
