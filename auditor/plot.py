@@ -3,21 +3,31 @@
 Every function returns a ``matplotlib.figure.Figure`` (an :class:`AuditFigure`) made without pyplot, so a notebook shows
 it once (as the cell's value) and a script saves it (:func:`save`); nothing is drawn on import
 and no global figure state is touched. The data behind each figure is available as a DataFrame
-(:func:`heatmap_data`, :func:`timeline_data`) so that what is drawn can be tested and reused.
+(:func:`heatmap_data`, :func:`timeline_data`, :func:`top_hotspots_data`) so that what is drawn
+can be tested and reused.
+
+Numbers read as in the report: cells and bar ends through ``display.units``, axes and colourbars
+in engineering units (``802.8 kB``, ticks ``0 B`` … ``15 kB``, never a ``1e7`` offset). Each
+figure is sized from the text it holds, so no label is clipped at any depth.
 """
 
 from __future__ import annotations
 
 import io
-from pathlib import Path
+import math
+from collections.abc import Callable, Iterable
+from functools import lru_cache
+from pathlib import Path, PurePath
 
 import numpy as np
 import pandas as pd
+from matplotlib.backends.backend_agg import RendererAgg
 from matplotlib.figure import Figure
+from matplotlib.font_manager import FontProperties
 
 from . import analysis
 from .display.tables import shorten
-from .display.units import format_bytes
+from .display.units import QUANTITIES, Quantity
 from .recording import rules
 from .result import Audit
 
@@ -33,15 +43,75 @@ class AuditFigure(Figure):
 
 
 KIND_COLUMNS = (rules.LOSES, rules.CONVERTS, rules.RESTORES)
+KIND_COLORS = {rules.LOSES: "#d64545", rules.CONVERTS: "#f0b429", rules.RESTORES: "#3ebd93"}
 PHASE_ORDER = ("forward", "backward", "other")
-_MAX_LABEL = 28
+NO_HOTSPOTS = "no hotspots: channels_last propagates"
+_MAX_LABEL = 28  # module names, shortened from the left past this
+_MAX_OP = 34  # op names in labels, likewise; the phase before them is never shortened
+_MAX_BAR_MODULE = 40  # module names on top_hotspots' bars, which have room for more
+_TICK_ROTATION = 40  # degrees, for the heatmap's column labels
+#: Heatmap values: the name users pass -> the Quantity (``display.units``) that formats it. A
+#: new value (time) is one entry here, one column in the heatmap's cell frame.
+_HEATMAP_VALUES = {"bytes": "bytes", "count": "count"}
 
 
-def heatmap_data(audit: Audit, depth: int = 1, value: str = "bytes", columns: str = "kind") -> pd.DataFrame:
-    """Hotspot bytes (or counts) per module at ``depth`` (rows, in execution order) and per
-    phase × kind or per op (columns). Modules without hotspots keep a row of zeros."""
-    if value not in ("bytes", "count"):
-        raise ValueError(f"value must be 'bytes' or 'count', got {value!r}")
+def _quantity(value: str) -> Quantity:
+    return QUANTITIES[_HEATMAP_VALUES[value]]
+
+
+@lru_cache(maxsize=4096)
+def _text_size(text: str, fontsize: float) -> tuple[float, float]:
+    """Width and height of ``text`` in inches, as Agg renders it (without drawing a figure)."""
+    w, h, _ = _measurer().get_text_width_height_descent(text, FontProperties(size=fontsize), ismath=False)
+    return w / 72.0, h / 72.0
+
+
+@lru_cache(maxsize=1)
+def _measurer() -> RendererAgg:
+    return RendererAgg(8, 8, 72)  # 72 dpi: sizes come back in points
+
+
+def _widest(texts: Iterable[str], fontsize: float) -> float:
+    return max((_text_size(t, fontsize)[0] for t in texts), default=0.0)
+
+
+def _short_module(name: str, width: int = _MAX_LABEL) -> str:
+    """A long module name without its leading parents (``…denseblock1.denselayer2``): whole
+    names are dropped from the left, characters only when the last name alone is too long."""
+    parts = name.split(".")
+    while len(name) > width and len(parts) > 1:
+        parts = parts[1:]
+        name = "…" + ".".join(parts)
+    return shorten(name, width)
+
+
+def _no_hotspots_figure(title: str, detail: str) -> Figure:
+    """A figure that says there is nothing to fix, instead of an empty grid and a 0-1 scale."""
+    fig = AuditFigure(figsize=(6.0, 2.5), layout="constrained")
+    ax = fig.add_subplot()
+    ax.set_xticks([])
+    ax.set_yticks([])
+    for spine in ax.spines.values():
+        spine.set_visible(False)
+    ax.set_facecolor("#e3f9e5")
+    ax.text(0.5, 0.58, NO_HOTSPOTS, ha="center", va="center", fontsize=13, color="#0e5814",
+            transform=ax.transAxes)
+    ax.text(0.5, 0.3, detail, ha="center", va="center", fontsize=8, color="#3f4a55", wrap=True,
+            transform=ax.transAxes)
+    ax.set_title(title, fontsize=10)
+    return fig
+
+
+def _ops_line(audit: Audit) -> str:
+    phases = audit.events["phase"].astype(str).value_counts()
+    parts = ", ".join(f"{phases[p]} {p}" for p in PHASE_ORDER if phases.get(p, 0))
+    return f"{len(audit.events)} aten ops recorded ({parts or 'none'})"
+
+
+def _heatmap_table(audit: Audit, depth: int, value: str, columns: str) -> tuple[pd.DataFrame, list[str]]:
+    """The heatmap's table and the tick label of each column, phase spelled out in full."""
+    if value not in _HEATMAP_VALUES:
+        raise ValueError(f"value must be {' or '.join(map(repr, _HEATMAP_VALUES))}, got {value!r}")
     if columns not in ("kind", "op"):
         raise ValueError(f"columns must be 'kind' or 'op', got {columns!r}")
     ops = audit.ops()
@@ -53,7 +123,7 @@ def heatmap_data(audit: Audit, depth: int = 1, value: str = "bytes", columns: st
             "module": module[hot.index].to_numpy(),
             "phase": hot["phase"].astype(str).to_numpy(),
             "kind": hot["kind"].astype(str).to_numpy(),
-            "op": hot["op"].astype(str).to_numpy(),
+            "op": hot["op"].astype(str).str.removeprefix("aten.").to_numpy(),
             "bytes": hot["bytes"].to_numpy(),
             "count": 1,
         }
@@ -61,57 +131,92 @@ def heatmap_data(audit: Audit, depth: int = 1, value: str = "bytes", columns: st
     if columns == "kind":
         frame["column"] = frame["phase"] + " " + frame["kind"]
         cols = [f"{p} {k}" for p in PHASE_ORDER[:2] for k in KIND_COLUMNS]
+        labels = list(cols)
     else:
-        frame["column"] = frame["phase"].str[:3] + " " + frame["op"].str.removeprefix("aten.")
-        cols = sorted(frame["column"].unique())
+        # The column key keeps its short phase ("for _softmax.default"); the label does not.
+        frame["column"] = frame["phase"].str[:3] + " " + frame["op"]
+        heads = frame.drop_duplicates("column").copy()
+        heads["rank"] = heads["phase"].map({p: i for i, p in enumerate(PHASE_ORDER)}).fillna(len(PHASE_ORDER))
+        heads = heads.sort_values(["rank", "op"], kind="stable")
+        cols = heads["column"].tolist()
+        labels = [f"{p} {shorten(o, _MAX_OP)}" for p, o in zip(heads["phase"], heads["op"], strict=True)]
     table = frame.pivot_table(index="module", columns="column", values=value, aggfunc="sum", fill_value=0)
     table = table.reindex(index=order, columns=cols, fill_value=0).fillna(0).astype(np.int64)
     table.index.name = "module"
     table.columns.name = None
-    return table
+    return table, labels
+
+
+def heatmap_data(audit: Audit, depth: int = 1, value: str = "bytes", columns: str = "kind") -> pd.DataFrame:
+    """Hotspot bytes (or counts) per module at ``depth`` (rows, in execution order) and per
+    phase × kind or per op (columns; op columns are keyed ``for``/``bac`` + op, forward first).
+    Modules without hotspots keep a row of zeros."""
+    return _heatmap_table(audit, depth, value, columns)[0]
 
 
 def heatmap(audit: Audit, depth: int = 1, value: str = "bytes", columns: str = "kind", max_rows: int = 60) -> Figure:
     """The format-loss heatmap: where (module) and what (phase × kind, or op) costs most.
 
     With more than ``max_rows`` modules, the rows without hotspots are dropped first, then the
-    smallest; the title says how many were hidden.
+    smallest; the title says how many were hidden. Without hotspots it says so instead of
+    drawing an empty grid.
     """
-    data = heatmap_data(audit, depth, value, columns)
+    data, labels = _heatmap_table(audit, depth, value, columns)
+    quantity = _quantity(value)
+    if not data.to_numpy().any():
+        return _no_hotspots_figure(
+            f"Format-loss heatmap (depth {depth})",
+            f"{_ops_line(audit)}; none loses, converts or restores\n"
+            f"the format between two convolutions ({len(data)} modules at depth {depth})",
+        )
     hidden = 0
     if len(data) > max_rows:
         totals = data.sum(axis=1)
-        keep = totals.sort_values(ascending=False, kind="stable").index[:max_rows]
+        keep = set(totals.sort_values(ascending=False, kind="stable").index[:max_rows])
         hidden = len(data) - len(keep)
-        data = data.loc[[m for m in data.index if m in set(keep)]]
+        data = data.loc[[m for m in data.index if m in keep]]
     rows, cols = data.shape
-    width = max(6.0, 1.1 * cols + 3.2)
-    height = max(2.5, 0.3 * rows + 1.8)
+    values = data.to_numpy(dtype=float)
+    texts = [[quantity.text(v) if v else "" for v in row] for row in values]
+    ylabels = [_short_module(str(m)) for m in data.index]
+
+    # Size the figure from its text: constrained layout then fits every label inside it.
+    tick_font, cell_font = 8, 7
+    angle = math.radians(_TICK_ROTATION)
+    xlabel_w = _widest(labels, tick_font)
+    cell_w = max(0.6, _widest((t for row in texts for t in row), cell_font) + 0.2)
+    cell_h = 0.26
+    left = max(_widest(ylabels, tick_font) + 0.3, xlabel_w * math.cos(angle) - cell_w / 2 + 0.2)
+    bottom = xlabel_w * math.sin(angle) + 0.4
+    title_lines = 2 if hidden else 1
+    width = max(6.0, left + cols * cell_w + 1.5)  # 1.5: colourbar, its ticks and label
+    height = max(2.8, 0.35 + 0.25 * title_lines + rows * cell_h + bottom)
     fig = AuditFigure(figsize=(width, height), layout="constrained")
     ax = fig.add_subplot()
-    values = data.to_numpy(dtype=float)
-    shown = np.ma.masked_equal(values, 0)
-    image = ax.imshow(shown, aspect="auto", cmap="Reds", interpolation="nearest",
-                      vmin=0, vmax=max(1.0, float(values.max()) if values.size else 1.0))
-    ax.set_xticks(range(cols), [shorten(c, 22) for c in data.columns], rotation=35, ha="right", fontsize=8)
-    ax.set_yticks(range(rows), [shorten(str(m), _MAX_LABEL) for m in data.index], fontsize=8)
+    image = ax.imshow(np.ma.masked_equal(values, 0), aspect="auto", cmap="Reds", interpolation="nearest",
+                      vmin=0, vmax=float(values.max()))
+    ax.set_xticks(range(cols), labels, rotation=_TICK_ROTATION, ha="right", rotation_mode="anchor",
+                  fontsize=tick_font)
+    ax.set_yticks(range(rows), ylabels, fontsize=tick_font)
     ax.set_facecolor("#f4f4f4")
-    peak = values.max() if values.size else 0
+    if columns == "op":  # a white rule between the forward and the backward columns
+        phases = [label.split(" ", 1)[0] for label in labels]
+        for j in range(1, cols):
+            if phases[j] != phases[j - 1]:
+                ax.axvline(j - 0.5, color="white", linewidth=3)
+    peak = values.max()
     for i in range(rows):
         for j in range(cols):
-            v = values[i, j]
-            if v:
-                text = format_bytes(v) if value == "bytes" else f"{int(v)}"
-                ax.text(j, i, text, ha="center", va="center", fontsize=7,
-                        color="white" if v > 0.6 * peak else "black")
-    unit = "bytes moved" if value == "bytes" else "hotspot ops"
-    title = f"Format-loss heatmap: {unit} by module (depth {depth})"
+            if texts[i][j]:
+                ax.text(j, i, texts[i][j], ha="center", va="center", fontsize=cell_font,
+                        color="white" if values[i, j] > 0.6 * peak else "black")
+    title = f"Format-loss heatmap: {quantity.label} by module (depth {depth})"
     if hidden:
         title += f"\n{hidden} rows with the least hidden"
-    if not values.any():
-        title += "\nno hotspots: channels_last propagates"
     ax.set_title(title, fontsize=10)
-    fig.colorbar(image, ax=ax, shrink=0.8, label=unit)
+    colorbar = fig.colorbar(image, ax=ax, shrink=min(0.9, 4.0 / (rows * cell_h)), anchor=(0.0, 1.0),
+                            label=quantity.label)
+    quantity.format_axis(colorbar.ax.yaxis)
     return fig
 
 
@@ -138,13 +243,58 @@ def timeline_data(audit: Audit) -> pd.DataFrame:
     )
 
 
-def format_timeline(audit: Audit) -> Figure:
+def _module_spans(modules: pd.Series, hotspot: np.ndarray, depth: int = 1) -> pd.DataFrame:
+    """Runs of consecutive positions in one module at ``depth``: ``module``, ``start``,
+    ``stop`` (exclusive), ``hot`` (holds a hotspot), in order. A module entered twice gets two
+    runs."""
+    names = analysis.module_at_depth(modules.reset_index(drop=True), depth).to_numpy()
+    starts = np.flatnonzero(np.r_[True, names[1:] != names[:-1]]) if len(names) else np.zeros(0, np.int64)
+    stops = np.r_[starts[1:], len(names)].astype(np.int64)
+    hot = np.add.reduceat(np.asarray(hotspot, dtype=np.int64), starts) > 0 if len(names) else np.zeros(0, bool)
+    return pd.DataFrame({"module": names[starts], "start": starts, "stop": stops, "hot": hot})
+
+
+def _mark_modules(ax, spans: pd.DataFrame, n: int, axes_width: float, fontsize: float = 7) -> None:
+    """Shade every other module run and name the runs at their centres below the x axis, in two
+    staggered rows, runs with hotspots first, then the widest; a name that would overlap another
+    in both rows is left out (its band is still shaded)."""
+    lo, hi = -1.0, float(max(1, n))
+    per_inch = (hi - lo) / axes_width
+    for i, r in enumerate(spans.itertuples()):
+        if i % 2:
+            ax.axvspan(r.start - 0.5, r.stop - 0.5, color="#e9eef5", linewidth=0, zorder=0)
+    rows: tuple[dict[float, str], dict[float, str]] = ({}, {})
+    extents: tuple[list, list] = ([], [])
+    sizes = (spans["stop"] - spans["start"]).to_numpy()
+    for k in np.lexsort((-sizes, ~spans["hot"].to_numpy())):
+        name = _short_module(spans["module"].iat[k])
+        centre = (spans["start"].iat[k] + spans["stop"].iat[k] - 1) / 2
+        half = (_text_size(name, fontsize)[0] / 2 + 0.06) * per_inch
+        if 2 * half > hi - lo:
+            continue
+        centre = min(max(centre, lo + half), hi - half)  # a run at an edge: its name moves inward
+        a, b = centre - half, centre + half
+        for row, taken in zip(rows, extents, strict=True):
+            if all(b <= s or a >= e for s, e in taken):
+                taken.append((a, b))
+                row[centre] = name
+                break
+    for row, minor in zip(rows, (False, True), strict=True):
+        ax.set_xticks(sorted(row), [row[c] for c in sorted(row)], minor=minor, fontsize=fontsize)
+    ax.tick_params(axis="x", which="both", length=0)
+    ax.tick_params(axis="x", which="minor", pad=3.5 + 1.4 * fontsize)
+
+
+def format_timeline(audit: Audit, depth: int = 1) -> Figure:
     """The activation's memory format along the execution order, forward and backward, with
-    convolutions marked and hotspots highlighted."""
+    convolutions marked, hotspots highlighted, and the modules at ``depth`` shaded and named
+    along the x axis (so the reader sees where ``layer3`` starts)."""
     data = timeline_data(audit)
     phases = [p for p in ("forward", "backward") if (data["phase"] == p).any()] or ["forward"]
     lanes = [f for f in _LANES if (data["format"] == f).any()] or ["channels_last"]
-    fig = AuditFigure(figsize=(11, 1.3 + 1.1 * len(lanes) * len(phases)), layout="constrained")
+    width = 11.0
+    axes_width = width - _widest(lanes, 8) - 0.9  # y tick labels, y label, pads
+    fig = AuditFigure(figsize=(width, 1.5 + 1.3 * len(lanes) * len(phases)), layout="constrained")
     axes = fig.subplots(len(phases), 1, squeeze=False)[:, 0]
     y_of = {f: i for i, f in enumerate(lanes)}
     for ax, phase in zip(axes, phases, strict=True):
@@ -163,38 +313,131 @@ def format_timeline(audit: Audit) -> Figure:
         ax.set_yticks(range(len(lanes)), lanes, fontsize=8)
         ax.set_ylim(-0.6, len(lanes) - 0.4)
         ax.set_xlim(-1, max(1, len(d)))
+        _mark_modules(ax, _module_spans(d["module"], hot, depth), len(d), axes_width)
         ax.set_ylabel(phase, fontsize=9)
         ax.grid(axis="y", color="#e4e7eb", linewidth=0.5)
-        ax.legend(loc="upper right", fontsize=7, ncol=3, frameon=False)
-    axes[-1].set_xlabel("ops writing a 4-D/5-D activation, in execution order", fontsize=9)
-    axes[0].set_title("Memory format of the activation along the model", fontsize=10)
+        ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), fontsize=7, ncol=3, frameon=False)
+    axes[-1].set_xlabel(f"ops writing a 4-D/5-D activation, in execution order; shaded: modules at depth {depth}",
+                        fontsize=9)
+    axes[0].set_title("Memory format of the activation along the model", fontsize=10, loc="left")
     return fig
 
 
-def top_hotspots(audit: Audit, n: int = 10) -> Figure:
-    """A bar chart of the ``n`` hotspot groups that move the most bytes."""
+def _short_sources(sources: Iterable[str]) -> dict[str, str]:
+    """``/long/path/models/shufflenetv2.py:95`` -> ``shufflenetv2.py:95``: the file's basename,
+    with as many parent folders as it takes to tell two different files apart."""
+    split = {s: (s.rsplit(":", 1) if s.rpartition(":")[2].isdigit() else [s, ""]) for s in set(sources) if s}
+    files = {PurePath(f).parts: f for f, _ in split.values()}
+    short = {}
+    for parts, f in files.items():
+        k = 1
+        while k < len(parts) and any(o != parts and o[-k:] == parts[-k:] for o in files):
+            k += 1
+        short[f] = "/".join(parts[-k:])
+    return {s: f"{short[f]}:{line}" if line else short[f] for s, (f, line) in split.items()}
+
+
+def _kind_bytes(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Bytes per kind (one column per kind) for each group of ``keys``."""
+    wide = frame.pivot_table(index=keys, columns="kind", values="bytes", aggfunc="sum", fill_value=0)
+    return wide.reindex(columns=list(KIND_COLUMNS), fill_value=0).astype(np.int64)
+
+
+def _bars_by_group(audit: Audit) -> pd.DataFrame:
+    """One bar per hotspot group, named by phase, module, op and source line (a module name is
+    shortened only where that leaves the labels apart)."""
+    hot = audit.hotspots().copy()
+    where = _short_sources(hot["source"])
+
+    def labels(width: int | None) -> list[str]:
+        return [
+            "  ".join(x for x in (r.phase, _short_module(r.module, width) if width else r.module,
+                                  shorten(r.op.removeprefix("aten."), _MAX_OP), where.get(r.source, "")) if x)
+            for r in hot.itertuples()
+        ]
+
+    short, full = labels(_MAX_BAR_MODULE), labels(None)
+    repeated = pd.Series(short).duplicated(keep=False).to_numpy()
+    hot["label"] = np.where(repeated, full, short) if len(hot) else []
+    for k in KIND_COLUMNS:
+        hot[k] = np.where(hot["kind"] == k, hot["bytes"], 0).astype(np.int64)
+    hot["groups"] = 1
+    return hot
+
+
+def _bars_by_source(audit: Audit) -> pd.DataFrame:
+    """One bar per source line: the hotspot groups it causes, summed."""
+    hot = audit.hotspots()
+    if hot.empty:
+        return _bars_by_group(audit)
+    if not (hot["source"] != "").any():
+        raise ValueError("by='source' needs source lines: audit with record_source=True")
+    g = hot.groupby("source", sort=False).agg(
+        groups=("bytes", "size"), count=("count", "sum"), bytes=("bytes", "sum"),
+        modules=("module", "nunique"), phases=("phase", lambda p: ", ".join(dict.fromkeys(p))),
+        first_seq=("first_seq", "min"),
+    )
+    g = g.join(_kind_bytes(hot, ["source"])).reset_index()
+    total = g["bytes"].sum()
+    g["share"] = g["bytes"] / total if total else 0.0
+    g = g.sort_values(["bytes", "first_seq"], ascending=[False, True], ignore_index=True)
+    where = _short_sources(g["source"])
+    g["label"] = [
+        f"{where.get(r.source, '(no source line)')}  {r.groups} groups in {r.modules} modules, {r.phases}"
+        for r in g.itertuples()
+    ]
+    return g
+
+
+#: ``top_hotspots(by=...)``: how hotspot groups are put together into bars. Each returns the
+#: bars largest first, with ``label``, ``bytes``, ``groups`` and bytes per kind.
+BAR_GROUPINGS: dict[str, Callable[[Audit], pd.DataFrame]] = {
+    "group": _bars_by_group,
+    "source": _bars_by_source,
+}
+
+
+def top_hotspots_data(audit: Audit, n: int = 10, by: str = "group") -> pd.DataFrame:
+    """The ``n`` largest bars of :func:`top_hotspots`: one per hotspot group (``by="group"``,
+    the rows of ``Audit.hotspots()``) or per source line (``by="source"``), with the bar's
+    ``label`` and its bytes per kind."""
     if n < 1:
         raise ValueError(f"n must be at least 1, got {n}")
-    hot = audit.hotspots().head(n)
-    fig = AuditFigure(figsize=(9, max(2.0, 0.4 * len(hot) + 1.2)), layout="constrained")
+    if by not in BAR_GROUPINGS:
+        raise ValueError(f"by must be one of {', '.join(map(repr, BAR_GROUPINGS))}, got {by!r}")
+    return BAR_GROUPINGS[by](audit).head(n).reset_index(drop=True)
+
+
+def top_hotspots(audit: Audit, n: int = 10, by: str = "group") -> Figure:
+    """A bar chart of the ``n`` hotspot groups (or source lines, ``by="source"``) that move the
+    most bytes. Each bar names its phase, module, op and source line, so that groups from one
+    line read apart; bars are coloured (stacked) by kind."""
+    bars = top_hotspots_data(audit, n, by)
+    if bars.empty:
+        return _no_hotspots_figure("Top hotspots", f"{_ops_line(audit)}; nothing to rank")
+    quantity = QUANTITIES["bytes"]
+    kinds = [k for k in KIND_COLUMNS if bars[k].any()]
+    ends = []  # the bar's total, and its kind when it has one
+    for _, r in bars.iterrows():
+        present = [k for k in kinds if r[k]]
+        ends.append(quantity.text(r["bytes"]) + (f" {present[0]}" if len(present) == 1 else ""))
+    label_w = _widest(bars["label"], 8)
+    fig = AuditFigure(figsize=(label_w + 6.0, max(2.2, 0.34 * len(bars) + 1.5)), layout="constrained")
     ax = fig.add_subplot()
-    if hot.empty:
-        ax.text(0.5, 0.5, "no hotspots: channels_last propagates", ha="center", va="center")
-        ax.set_axis_off()
-        return fig
-    labels = [
-        f"{r.phase[:3]}  {shorten(r.module, 24)}  {shorten(r.op.removeprefix('aten.'), 30)}"
-        for r in hot.itertuples()
-    ]
-    colors = {rules.LOSES: "#d64545", rules.CONVERTS: "#f0b429", rules.RESTORES: "#3ebd93"}
-    y = np.arange(len(hot))[::-1]
-    ax.barh(y, hot["bytes"], color=[colors.get(k, "#9aa5b1") for k in hot["kind"]])
-    ax.set_yticks(y, labels, fontsize=8)
-    for yi, b, k in zip(y, hot["bytes"], hot["kind"], strict=True):
-        ax.text(b, yi, f" {format_bytes(b)} {k}", va="center", fontsize=7)
-    ax.set_xlabel("bytes moved")
-    ax.set_xlim(0, hot["bytes"].max() * 1.3)
-    ax.set_title(f"Top {len(hot)} hotspots", fontsize=10)
+    y = np.arange(len(bars))[::-1]
+    left = np.zeros(len(bars))
+    for k in kinds:
+        ax.barh(y, bars[k], left=left, color=KIND_COLORS[k], label=k, height=0.7)
+        left += bars[k].to_numpy()
+    ax.set_yticks(y, bars["label"], fontsize=8)
+    for yi, b, text in zip(y, bars["bytes"], ends, strict=True):
+        ax.text(b, yi, " " + text, va="center", fontsize=7)
+    ax.set_xlabel(quantity.label)
+    quantity.format_axis(ax.xaxis)
+    ax.set_xlim(0, bars["bytes"].max() * 1.35)
+    what = {"group": "hotspot groups", "source": "source lines"}.get(by, f"hotspots by {by}")
+    ax.set_title(f"Top {len(bars)} {what}", fontsize=10, loc="left")
+    ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=len(kinds), fontsize=7, frameon=False)
     return fig
 
 

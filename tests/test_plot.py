@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
+import torch.nn as nn
 import torchvision
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.image import imread
+from matplotlib.text import Text
+from matplotlib.ticker import EngFormatter
 from planted import make
 
 import auditor
 from auditor import plot
+from auditor.display.units import QUANTITIES, format_bytes
 
 
 @pytest.fixture(scope="module")
@@ -96,3 +103,292 @@ def test_heatmap_stays_readable_on_big_models(tmp_path, name, depth):
     xboxes = [t.get_window_extent() for t in ax.get_xticklabels()]
     assert all(b.width > 0 for b in xboxes)
     assert np.isfinite(fig.get_size_inches()).all()
+
+
+class TwoBreaks(nn.Module):
+    """conv1 -> softmax (loses) -> conv2 -> .contiguous() (converts) -> conv3: hotspots from
+    several source lines of this file."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
+        self.conv3 = nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        y = torch.softmax(self.conv1(x), dim=1)
+        y = self.conv2(y)
+        return self.conv3(y.contiguous())
+
+
+@pytest.fixture(scope="module")
+def two_breaks_audit():
+    """Hotspots of 1.6 MB each: a plain axis would print them with a 1e6 offset."""
+    torch.manual_seed(0)
+    model = TwoBreaks().to(memory_format=torch.channels_last)
+    x = torch.randn(2, 3, 160, 160).to(memory_format=torch.channels_last)
+    return auditor.audit(model, x, record_source=True)
+
+
+def draw(fig):
+    """Lay the figure out and render it; returns the renderer that measured the text."""
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    return canvas.get_renderer()
+
+
+def colorbars(fig) -> list:
+    return [ax for ax in fig.axes if ax.get_label() == "<colorbar>"]
+
+
+def texts(fig) -> list[str]:
+    return [t.get_text() for t in fig.findobj(Text) if t.get_visible() and t.get_text()]
+
+
+def x_labels(ax) -> list[str]:
+    return [t.get_text() for which in ("major", "minor") for t in ax.get_xticklabels(which=which) if t.get_text()]
+
+
+def shown_ticks(axis, which: str = "both") -> list[Text]:
+    """The tick labels an x or y axis shows: visible, not empty, at a tick inside the view."""
+    lo, hi = sorted(axis.get_view_interval())
+    eps = 1e-9 * (hi - lo)
+    i = 0 if axis.axis_name == "x" else 1
+    return [t for t in axis.get_ticklabels(which=which)
+            if t.get_visible() and t.get_text() and lo - eps <= t.get_position()[i] <= hi + eps]
+
+
+def drawn_tick_labels(fig, axes=None) -> list[Text]:
+    """The tick labels the figure (or those of its ``axes``) shows."""
+    return [t for ax in (fig.axes if axes is None else axes) for axis in (ax.xaxis, ax.yaxis) for t in shown_ticks(axis)]
+
+
+def assert_text_inside(fig, renderer) -> int:
+    """Every text the figure shows (tick labels, titles, cells, legend) lies inside it; returns
+    how many texts were checked."""
+    tick_labels = {id(t) for ax in fig.axes for axis in (ax.xaxis, ax.yaxis)
+                   for tick in [*axis.majorTicks, *axis.minorTicks] for t in (tick.label1, tick.label2)}
+    shown = drawn_tick_labels(fig) + [t for t in fig.findobj(Text) if id(t) not in tick_labels
+                                      and t.get_visible() and t.get_text()]
+    box = fig.bbox
+    for t in shown:
+        b = t.get_window_extent(renderer)
+        assert b.x0 >= box.x0 - 1 and b.x1 <= box.x1 + 1 and b.y0 >= box.y0 - 1 and b.y1 <= box.y1 + 1, (
+            f"{t.get_text()!r} at {b} is outside the figure {box}")
+    return len(shown)
+
+
+def assert_no_overlap(labels: list[Text], renderer, what: str) -> None:
+    """No two of ``labels`` cover each other (a figure squeezed too small overlaps its labels
+    before it clips them)."""
+    boxes = [(t.get_window_extent(renderer), t.get_text()) for t in labels]
+    for i, (b1, t1) in enumerate(boxes):
+        for b2, t2 in boxes[i + 1:]:
+            w = min(b1.x1, b2.x1) - max(b1.x0, b2.x0)
+            h = min(b1.y1, b2.y1) - max(b1.y0, b2.y0)
+            assert w <= 0.5 or h <= 0.5, f"{what}: {t1!r} and {t2!r} overlap"
+
+
+def top_down(ax) -> list[str]:
+    """The y tick labels from the top of the axes down."""
+    return [t.get_text() for t in sorted(ax.get_yticklabels(), key=lambda t: -t.get_position()[1])]
+
+
+def test_heatmap_cells_and_colourbar_read_like_the_report(two_breaks_audit):
+    a = two_breaks_audit
+    data = plot.heatmap_data(a)
+    fig = plot.heatmap(a)
+    renderer = draw(fig)
+    ax = fig.axes[0]
+    cells = sorted(t.get_text() for t in ax.texts)
+    assert cells == sorted(format_bytes(v) for v in data.to_numpy().ravel() if v)
+    assert all(c.endswith("MB") for c in cells), cells  # 1.6 MB, as the report writes it
+    assert all(c in a.report() for c in cells)
+    [cbar] = colorbars(fig)
+    assert isinstance(cbar.yaxis.get_major_formatter(), EngFormatter)
+    ticks = [t.get_text() for t in shown_ticks(cbar.yaxis)]
+    assert len(ticks) >= 2 and all(t.endswith("B") for t in ticks), ticks
+    assert any(t.endswith(" MB") for t in ticks), ticks
+    assert cbar.yaxis.get_offset_text().get_text() == ""  # no "1e6"
+    assert assert_text_inside(fig, renderer) > len(cells)
+
+    counts = plot.heatmap(a, value="count")
+    draw(counts)
+    assert sorted(t.get_text() for t in counts.axes[0].texts) == sorted(
+        str(v) for v in plot.heatmap_data(a, value="count").to_numpy().ravel() if v)
+    [cbar] = colorbars(counts)
+    assert all(t.get_text().isdigit() for t in shown_ticks(cbar.yaxis))
+
+
+def test_each_value_kind_has_one_formatter():
+    """Text as the report writes it; axes in engineering units, a fresh formatter per axis;
+    times are stored in µs and read in s."""
+    q = QUANTITIES["bytes"]
+    assert q.text(802_800) == format_bytes(802_800) == "802.8 kB"
+    assert q.axis_formatter() is not q.axis_formatter()
+    assert isinstance(q.axis_formatter(), EngFormatter) and q.axis_formatter()(14e6) == "14 MB"
+    t = QUANTITIES["time_us"]
+    assert t.text(404.7) == "404.7 µs" and t.text(float("nan")) == "-"
+    assert isinstance(t.axis_formatter(), EngFormatter) and t.axis_formatter()(58_400) == "58.4 ms"
+    assert QUANTITIES["count"].text(3.0) == "3"
+
+
+def test_heatmap_labels_spell_out_the_phase(softmax_audit):
+    for columns in ("kind", "op"):
+        fig = plot.heatmap(softmax_audit, columns=columns)
+        labels = [t.get_text() for t in fig.axes[0].get_xticklabels()]
+        assert labels and all(t.split(" ")[0] in ("forward", "backward") for t in labels), labels
+        phases = [t.split(" ")[0] for t in labels]
+        assert phases == sorted(phases, key=("forward", "backward").index)  # forward first
+    assert "forward _softmax.default" in labels
+    assert "backward _softmax_backward_data.default" in labels
+    assert "for _softmax.default" in plot.heatmap_data(softmax_audit, columns="op").columns  # the data keeps its key
+
+
+def test_clean_model_says_there_is_nothing_to_fix():
+    model, x = make("clean")
+    a = auditor.audit(model, x)
+    for fig in (plot.heatmap(a), plot.heatmap(a, depth=2, value="count", columns="op"), plot.top_hotspots(a)):
+        assert_text_inside(fig, draw(fig))
+        assert colorbars(fig) == []
+        assert not any(ax.images for ax in fig.axes)  # no empty grid
+        assert not any(ax.patches for ax in fig.axes)  # no bars
+        assert "no hotspots: channels_last propagates" in texts(fig)
+    assert plot.top_hotspots_data(a).empty and plot.top_hotspots_data(a, by="source").empty
+
+
+def test_timeline_names_the_top_level_modules(softmax_audit, two_breaks_audit):
+    fig = plot.format_timeline(softmax_audit)
+    draw(fig)
+    assert len(fig.axes) == 2  # forward and backward
+    for ax in fig.axes:
+        assert {"conv1", "mid", "conv2"} <= set(x_labels(ax)), x_labels(ax)
+    backward = x_labels(fig.axes[1])
+    assert backward.index("conv2") < backward.index("conv1")  # backward runs the model in reverse
+    fig = plot.format_timeline(two_breaks_audit)
+    draw(fig)
+    for ax in fig.axes:
+        assert {"conv1", "conv2", "conv3"} <= set(x_labels(ax))
+
+
+def test_top_hotspots_name_phase_module_op_and_line(two_breaks_audit):
+    a = two_breaks_audit
+    hot = a.hotspots()
+    bars = plot.top_hotspots_data(a, n=20)
+    assert len(bars) == len(hot) and bars["bytes"].tolist() == hot["bytes"].tolist()
+    assert bars["label"].is_unique
+    for label, r in zip(bars["label"], hot.itertuples(), strict=True):
+        line = r.source.rsplit(":", 1)[1]
+        assert label.split("  ") == [r.phase, r.module, r.op.removeprefix("aten."), f"test_plot.py:{line}"]
+    fig = plot.top_hotspots(a, n=20)
+    renderer = draw(fig)
+    ax = fig.axes[0]
+    assert top_down(ax) == bars["label"].tolist()  # largest on top
+    assert isinstance(ax.xaxis.get_major_formatter(), EngFormatter)
+    assert all(t.get_text().endswith("B") for t in shown_ticks(ax.xaxis))
+    assert ax.xaxis.get_offset_text().get_text() == ""
+    assert assert_text_inside(fig, renderer) > len(bars)
+
+    by_line = plot.top_hotspots_data(a, by="source")
+    expected = hot.groupby("source")["bytes"].sum()
+    assert by_line["source"].is_unique and len(by_line) == hot["source"].nunique() >= 3
+    assert dict(zip(by_line["source"], by_line["bytes"], strict=True)) == expected.to_dict()
+    assert by_line["bytes"].is_monotonic_decreasing
+    assert (by_line[["loses", "converts", "restores"]].sum(axis=1) == by_line["bytes"]).all()
+    assert by_line["groups"].sum() == len(hot)
+    assert all(label.startswith("test_plot.py:") for label in by_line["label"])
+    fig = plot.top_hotspots(a, by="source")
+    draw(fig)
+    assert top_down(fig.axes[0]) == by_line["label"].tolist()
+    assert len(plot.top_hotspots_data(a, n=2, by="source")) == 2
+    with pytest.raises(ValueError, match="by must be one of 'group', 'source'"):
+        plot.top_hotspots(a, by="module")
+    with pytest.raises(ValueError, match="n must be"):
+        plot.top_hotspots_data(a, n=0)
+
+
+def test_top_hotspots_by_source_needs_source_lines(softmax_audit):
+    with pytest.raises(ValueError, match="record_source=True"):
+        plot.top_hotspots(softmax_audit, by="source")
+    labels = plot.top_hotspots_data(softmax_audit)["label"]
+    assert labels.str.split("  ").str.len().eq(3).all()  # phase, module, op: no empty source
+
+
+def test_short_source_names_tell_files_apart():
+    bars = plot._short_sources(["/a/x/model.py:3", "/a/y/model.py:3", "/a/y/net.py:12", ""])
+    assert bars == {"/a/x/model.py:3": "x/model.py:3", "/a/y/model.py:3": "y/model.py:3", "/a/y/net.py:12": "net.py:12"}
+
+
+@pytest.fixture(scope="module")
+def broken_densenet_audit():
+    """densenet121 with a `.contiguous()` planted in two dense layers: long module names at every
+    depth and about 60 rows at depth 3."""
+
+    class Contiguous(nn.Module):
+        def forward(self, x):
+            return x.contiguous()
+
+    torch.manual_seed(0)
+    model = torchvision.models.densenet121(weights=None)
+    for name in ("denseblock1.denselayer2", "denseblock3.denselayer20"):
+        layer = model.features.get_submodule(name)
+        layer.relu2 = nn.Sequential(nn.ReLU(), Contiguous())
+    model = model.to(memory_format=torch.channels_last)
+    x = torch.randn(2, 3, 32, 32).to(memory_format=torch.channels_last)
+    return auditor.audit(model, x, record_source=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_every_label_fits_inside_the_figure(broken_densenet_audit, depth):
+    a = broken_densenet_audit
+    assert len(a.hotspots()) >= 4
+    figures = {
+        "heatmap": plot.heatmap(a, depth=depth),
+        "heatmap by op": plot.heatmap(a, depth=depth, columns="op"),
+        "timeline": plot.format_timeline(a, depth=depth),
+    }
+    if depth == 1:
+        figures |= {"top": plot.top_hotspots(a), "top by source": plot.top_hotspots(a, by="source")}
+        bars = plot.top_hotspots_data(a, n=20)["label"]
+        assert bars.is_unique and len(bars) == len(a.hotspots())
+        assert {"denseblock1.denselayer2", "denseblock3.denselayer20"} <= {
+            ".".join(label.split("  ")[1].split(".")[1:3]) for label in bars}  # the block is kept
+    for name, fig in figures.items():
+        renderer = draw(fig)
+        ticks = drawn_tick_labels(fig)
+        assert ticks, name
+        assert assert_text_inside(fig, renderer) >= len(ticks), name
+        for ax in fig.axes:
+            assert_no_overlap(shown_ticks(ax.yaxis), renderer, name)
+            if name == "timeline":  # module names, in two rows
+                assert_no_overlap(shown_ticks(ax.xaxis, "major"), renderer, name)
+                assert_no_overlap(shown_ticks(ax.xaxis, "minor"), renderer, name)
+    heat = figures["heatmap by op"].axes[0]
+    assert all(t.get_text().split(" ")[0] in ("forward", "backward") for t in heat.get_xticklabels())
+    rows = [t.get_text() for t in heat.get_yticklabels()]
+    assert all(len(t) <= 28 for t in rows)
+    if depth == 3:
+        assert len(rows) >= 50 and "…denseblock1.denselayer2" in rows
+    timeline = figures["timeline"]
+    names = {  # the modules holding the hotspots are named, even at the edges of the axis
+        1: {"features"},
+        2: {"features.denseblock1", "features.denseblock3"},
+        3: {"…denseblock1.denselayer2", "…denseblock3.denselayer20"},
+    }
+    for ax in timeline.axes:
+        assert names[depth] <= set(x_labels(ax)), x_labels(ax)
+
+
+@pytest.mark.slow
+def test_top_hotspots_on_shufflenet_tell_groups_of_one_line_apart():
+    torch.manual_seed(0)
+    model = torchvision.models.shufflenet_v2_x0_5(weights=None).to(memory_format=torch.channels_last)
+    a = auditor.audit(model, torch.randn(2, 3, 32, 32).to(memory_format=torch.channels_last), record_source=True)
+    fig = plot.top_hotspots(a)
+    draw(fig)
+    labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert len(labels) == 10 and len(set(labels)) == 10
+    assert all(re.search(r"  shufflenetv2\.py:\d+$", t) for t in labels), labels
+    by_line = plot.top_hotspots_data(a, n=100, by="source")
+    assert len(by_line) == a.hotspots()["source"].nunique() and by_line["bytes"].sum() == a.hotspots()["bytes"].sum()

@@ -7,8 +7,11 @@ matplotlib's ``EngFormatter`` does the work, so report text, table cells and plo
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
-from matplotlib.ticker import EngFormatter
+from matplotlib.axis import Axis
+from matplotlib.ticker import EngFormatter, Formatter, MaxNLocator, StrMethodFormatter
 
 #: Formatters for plot axes (``ax.xaxis.set_major_formatter(BYTES)``).
 BYTES = EngFormatter(unit="B", places=1)
@@ -25,3 +28,51 @@ def format_us(us: float) -> str:
     if us is None or (isinstance(us, float) and math.isnan(us)):
         return "-"
     return SECONDS.format_eng(float(us) * 1e-6)
+
+
+@dataclass(frozen=True)
+class Quantity:
+    """One kind of value a figure shows (bytes, a count, later a time): how it reads as text and
+    on an axis, so that adding a kind is one entry in :data:`QUANTITIES`, not a change to every
+    figure."""
+
+    label: str  #: axis and colourbar label
+    text: Callable[[float], str]  #: a stored value as text, exactly as the report writes it
+    unit: str | None = None  #: ``EngFormatter``'s unit for axis ticks; None: plain integers
+    scale: float = 1.0  #: stored value × scale = value in ``unit`` (µs -> s)
+
+    def axis_formatter(self) -> Formatter:
+        """A new formatter for one axis: matplotlib binds a formatter to the axis it formats, so
+        two axes must not share one. Engineering units never print an offset such as ``1e7``."""
+        if self.unit is None:
+            return StrMethodFormatter("{x:,.0f}")
+        if self.scale == 1.0:
+            return EngFormatter(unit=self.unit)
+        return _ScaledEngFormatter(unit=self.unit, scale=self.scale)
+
+    def format_axis(self, axis: Axis) -> None:
+        """Ticks of ``axis`` (``ax.xaxis``, a colourbar's ``cbar.ax.yaxis``) in this unit;
+        counts get integer ticks only."""
+        if self.unit is None:
+            axis.set_major_locator(MaxNLocator(integer=True))
+        axis.set_major_formatter(self.axis_formatter())
+
+
+class _ScaledEngFormatter(EngFormatter):
+    """``EngFormatter`` for data stored in a sub-unit: times are stored in µs, read in s."""
+
+    def __init__(self, unit: str, scale: float):
+        super().__init__(unit=unit)
+        self.scale = scale
+
+    def format_data(self, value):
+        return super().format_data(value * self.scale)
+
+
+#: The value kinds figures know, by name: ``bytes`` (permuted bytes), ``count`` (hotspot ops),
+#: ``time_us`` (op wall time in µs).
+QUANTITIES = {
+    "bytes": Quantity("bytes moved", format_bytes, unit="B"),
+    "count": Quantity("hotspot ops", lambda n: f"{int(n)}"),
+    "time_us": Quantity("time", format_us, unit="s", scale=1e-6),
+}
