@@ -148,3 +148,75 @@ def nbytes(shape: tuple[int, ...], itemsize: int) -> int:
     for s in shape:
         n *= s
     return n * itemsize
+
+
+def channel_label(shape: tuple[int, ...], strides: tuple[int, ...], cdim: int, rank: int | None = None) -> str:
+    """The format label of an image of ``rank`` dimensions (4 or 5; default: the tensor's
+    own) whose channels now run along dimension ``cdim``: the label of its batch, channel and
+    spatial dimensions (the last ``rank - 2`` others), any other dimension left out. An NHWC
+    view of a channels_last image is channels_last; so is each image of a (N, branches, C, H,
+    W) stack of them (as a view: the branches interleave), and a channels_last image whose H
+    and W were swapped: what matters is whether the channels are innermost."""
+    rank = rank or len(shape)
+    if not 0 < cdim < len(shape) or len(shape) < rank:
+        return OTHER
+    spatial = [d for d in range(1, len(shape)) if d != cdim][-(rank - 2):]
+    keep = [0, cdim, *spatial]
+    sizes, steps = tuple(shape[d] for d in keep), tuple(strides[d] for d in keep)
+    label = format_label(sizes, steps)
+    if base_format(label) != OTHER:
+        return label
+    # channels innermost (or outermost) with the spatial dimensions in another order
+    moving = [(steps[i], sizes[i]) for i in range(1, len(keep)) if sizes[i] != 1 and steps[i] != 0]
+    if len(moving) < 2 or sizes[1] == 1:
+        return label
+    suffix = "" if is_dense(sizes, steps) else VIEW_SUFFIX
+    if steps[1] == min(s for s, _ in moving):
+        return (CHANNELS_LAST if rank == 4 else CHANNELS_LAST_3D) + suffix
+    if steps[1] == max(s for s, _ in moving):
+        return CONTIGUOUS + suffix
+    return label
+
+
+def channel_dim(shape_in: tuple[int, ...], strides_in: tuple[int, ...], cdim: int,
+                shape_out: tuple[int, ...], strides_out: tuple[int, ...], is_view: bool) -> int | None:
+    """Where the channels of an image (along ``cdim``) run in a tensor computed or viewed from
+    it, or None when the result no longer has them along one dimension (a reshape that merges
+    them with H and W, a reduction over them).
+
+    Same rank: a computed result keeps ``cdim`` (pooling, interpolation, a cat); a view keeps
+    the dimension whose stride is still the channels' (a slice, an expand, a permutation).
+    One dimension more or less: a dimension inserted or removed beside the channels
+    (unsqueeze, stack, a reduction over a stacked dimension), or the channels split into
+    (groups, channels) or merged back, as a channel shuffle does.
+    """
+    n_in, n_out = len(shape_in), len(shape_out)
+    if not 0 <= cdim < n_in:
+        return None
+    if n_out == n_in:
+        if not is_view or strides_out[cdim] == strides_in[cdim] or shape_in[cdim] == 1:
+            return cdim
+        moved = [d for d in range(n_out) if strides_out[d] == strides_in[cdim] and shape_out[d] == shape_in[cdim]]
+        return moved[0] if moved else None
+    if n_out == n_in + 1:
+        for p in [p for p in range(n_out) if p != cdim] + [cdim]:  # prefer a dimension beside C
+            if shape_out[:p] + shape_out[p + 1:] == shape_in:
+                return cdim + (p <= cdim)
+        d = cdim
+        if (d + 1 < n_out and shape_out[d] * shape_out[d + 1] == shape_in[d]
+                and shape_out[:d] + shape_out[d + 2:] == shape_in[:d] + shape_in[d + 1:]):
+            # the channels split into (groups, channels per group): follow the inner part
+            if is_view and strides_out[d] == strides_in[d]:
+                return d
+            return d + 1
+        return None
+    if n_out == n_in - 1:
+        for p in [p for p in range(n_in) if p != cdim]:
+            if shape_in[:p] + shape_in[p + 1:] == shape_out:
+                return cdim - (p < cdim)
+        for d in (cdim - 1, cdim):
+            if (0 <= d and d + 1 < n_in and shape_in[d] * shape_in[d + 1] == shape_out[d]
+                    and shape_in[:d] + shape_in[d + 2:] == shape_out[:d] + shape_out[d + 1:]):
+                return d  # (groups, channels per group) merged back into the channels
+        return None
+    return None

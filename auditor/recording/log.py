@@ -27,6 +27,7 @@ EVENT_COLUMNS: dict[str, str] = {
     "in_format": "category",
     "out_format": "category",
     "duration_us": "float64",
+    "forward_seq": "int32",
     "rank": "int16",
     "world_size": "int16",
 }
@@ -108,12 +109,12 @@ def build_frames(raw: RawLog) -> tuple[pd.DataFrame, pd.DataFrame]:
     per row.
     """
     n = len(raw.events)
-    funcs, phases, labels, requested, durations = zip(*raw.events) if n else ((),) * 5
+    funcs, phases, labels, requested, durations, origins, copied = zip(*raw.events) if n else ((),) * 7
     op_first, op_code = _first_seen(np.fromiter(map(id, funcs), dtype=np.int64, count=n))
     ops = [funcs[i] for i in op_first.tolist()]
     rows = _TensorRows(raw.tensors)
     layouts = _Layouts(raw.layouts)
-    args, arg_code, is_view = _slot_facts(ops, op_code, rows)
+    args, arg_code, is_view = _slot_facts(ops, op_code, np.array(copied, dtype=bool), rows)
     tensors = pd.DataFrame(
         {
             "seq": rows.seq,
@@ -147,6 +148,7 @@ def build_frames(raw: RawLog) -> tuple[pd.DataFrame, pd.DataFrame]:
             "in_format": _from_codes(labels_and_none, in_format, "in_format"),
             "out_format": _from_codes(labels_and_none, out_format, "out_format"),
             "duration_us": _durations_us(durations),
+            "forward_seq": np.array(origins, dtype=np.int32),
             "rank": np.full(n, raw.rank, dtype=np.int16),
             "world_size": np.full(n, raw.world_size, dtype=np.int16),
         }
@@ -204,19 +206,21 @@ class _Layouts:
         }
 
 
-def _slot_facts(ops: list, op_code: np.ndarray, rows: _TensorRows):
+def _slot_facts(ops: list, op_code: np.ndarray, copied: np.ndarray, rows: _TensorRows):
     """Argument name and view flag of every tensor row, looked up once per distinct slot
-    (op, role, position, in a list): (distinct names, each row's code into them, is_view)."""
+    (op, role, position, in a list, the call returned a copy): (distinct names, each row's
+    code into them, is_view)."""
     if not rows.count:
         return [], np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool)
-    dims = (max(1, len(ops)), 2, int(rows.position.max()) + 2, 2)
-    slot_key = np.ravel_multi_index((op_code[rows.seq], rows.role, rows.position + 1, rows.item >= 0), dims)
+    dims = (max(1, len(ops)), 2, int(rows.position.max()) + 2, 2, 2)
+    slot_key = np.ravel_multi_index(
+        (op_code[rows.seq], rows.role, rows.position + 1, rows.item >= 0, copied[rows.seq]), dims)
     slots, slot = np.unique(slot_key, return_inverse=True)
     slot = slot.ravel()
     infos = [op_info(f) for f in ops]
     slot_values = [
-        infos[op].slot(r, pos1 - 1, 0 if in_list else -1)
-        for op, r, pos1, in_list in zip(*(c.tolist() for c in np.unravel_index(slots, dims)))
+        infos[op].slot(r, pos1 - 1, 0 if in_list else -1, bool(cp))
+        for op, r, pos1, in_list, cp in zip(*(c.tolist() for c in np.unravel_index(slots, dims)))
     ]
     args, arg_code = _factorize(a for a, _ in slot_values)
     slot_view = np.array([v for _, v in slot_values], dtype=bool)

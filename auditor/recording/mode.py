@@ -23,6 +23,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import rules
+from .facts import FactsReplay
 from .formats import format_label, nbytes
 from .modules import GLOBAL_LABEL, ForwardModuleTracker, module_names
 
@@ -44,6 +45,7 @@ _sequence_nr = torch._C._autograd._get_sequence_nr
 _get_ident = threading.get_ident
 _set_eval_frame = torch._C._dynamo.eval_frame.set_eval_frame
 _perf_counter_ns = time.perf_counter_ns
+_grad_enabled = torch.is_grad_enabled
 _weakref = weakref.ref
 
 
@@ -64,12 +66,17 @@ class _OpInfo:
     tensor_args: tuple[int, ...]  # positions that can hold a tensor or a list of them
     keeps_layout: bool  # the one result has the layout of argument 0 (detach, relu_, add_, ...)
     plain: bool  # an OpOverload whose __call__ only forwards to the C++ op in ``_op``
+    inplace: bool  # writes its argument 0 in place (add_, copy_, relu_)
+    maybe_alias: bool  # a composite op that returns a view or a copy (reshape, contiguous)
 
-    def slot(self, role: int, position: int, item: int) -> tuple[str, bool]:
-        """(argument name, is a view) of the tensor a raw row puts at (role, position, item)."""
+    def slot(self, role: int, position: int, item: int, copied: bool = False) -> tuple[str, bool]:
+        """(argument name, is a view) of the tensor a raw row puts at (role, position, item);
+        ``copied``: this call of a maybe-alias op returned a copy."""
         if role == INPUT:
             names = self.arg_names
             return (names[position] if 0 <= position < len(names) else "", False)
+        if copied:
+            return ("", False)
         views = self.view_outputs
         if self.list_return:
             return ("", views[0])
@@ -109,10 +116,17 @@ def _op_info(func) -> _OpInfo:
     keeps_layout = len(schema.returns) == 1 and str(schema.arguments[0].type) == "Tensor" and (
         str(func) in _SAME_LAYOUT or {torch.Tag.inplace, torch.Tag.pointwise} <= set(func.tags)
     )
+    first = schema.arguments[0] if schema.arguments else None
+    inplace = first is not None and first.alias_info is not None and first.alias_info.is_write
+    # Composite ops reach a mode undecomposed under inference_mode; those whose schema says
+    # "alias" (reshape, contiguous, flatten, to) may return a copy instead, checked per call.
+    maybe_alias = any(views) and torch._C._dispatch_has_kernel_for_dispatch_key(
+        func.name(), "CompositeImplicitAutograd")
     info = _OpInfo(
         func, str(func), names, views,
         names.index("memory_format") if "memory_format" in names else -1, list_return,
         tensor_args, keeps_layout, type(func) is torch._ops.OpOverload and _FORWARDING_CALL,
+        inplace, maybe_alias,
     )
     _OP_INFO[id(func)] = info
     return info
@@ -122,6 +136,28 @@ def _op_info(func) -> _OpInfo:
 #: whether they are parameters: ``nn.Parameter(t)`` of a subclass (a ``FakeTensor`` in a fake
 #: audit) keeps the subclass's type and sets ``_is_param``.
 _BY_INSTANCE = object()
+
+
+def _is_differentiable_view_write(args) -> bool:
+    """An in-place op on a view that autograd records: it will add a CopySlices node."""
+    a = args[0]
+    if not isinstance(a, _Tensor) or not a._is_view() or not _grad_enabled():
+        return False
+    for x in args:
+        if isinstance(x, _Tensor) and x.requires_grad:
+            return True
+    return False
+
+
+def _copied(args, out) -> bool:
+    """Whether a maybe-alias op (reshape, contiguous, ...) returned new memory, not a view."""
+    a = args[0] if args else None
+    if not isinstance(a, _Tensor) or not isinstance(out, _Tensor):
+        return False
+    try:
+        return out.untyped_storage()._cdata != a.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError):  # tensors without storage (sparse, nested)
+        return False
 
 
 def _param_kind(cls: type):
@@ -155,9 +191,12 @@ class RecorderMode(TorchDispatchMode):
         super().__init__()
         self.tracker = tracker
         self.strict = strict
+        self.facts = FactsReplay() if strict else None  # the data flow's facts, replayed online for strict
         self.record_source = record_source
         self.record_time = record_time
-        self.events: list[tuple] = []  # (func, phase, (module, source), memory_format, ns)
+        # (func, phase, (module, source), memory_format, ns, forward seq of a backward op's
+        # node or -1, whether a maybe-alias op returned a copy)
+        self.events: list[tuple] = []
         self.tensors: list = []  # TENSOR_FIELDS values per tensor
         # (shape, strides, storage_offset, dtype, device) -> layout number
         self.layouts: dict[tuple, int] = {}
@@ -168,15 +207,15 @@ class RecorderMode(TorchDispatchMode):
         self._internal_code: dict = {}
         # Which recorded op created each autograd node, by the node's sequence number (this
         # thread's counter, bumped as autograd creates a node, before the op reaches the
-        # mode): _node_labels[i] is the (module, source) of the first op that saw the counter
-        # at _node_nrs[i], the op that created nodes _node_nrs[i - 1] .. _node_nrs[i] - 1.
+        # mode): _node_events[i] is the seq of the first op that saw the counter at
+        # _node_nrs[i], the op that created nodes _node_nrs[i - 1] .. _node_nrs[i] - 1.
         # Nodes numbered below _first_nr were made before recording began.
         self._first_nr = self._last_nr = _sequence_nr()
         self._thread = _get_ident()  # whose counter that is (backward may run on other threads)
         self._node_nrs: list[int] = []
-        self._node_labels: list[tuple[str, str]] = []
+        self._node_events: list[int] = []
         # a node may run several ops; no node (the engine summing gradients) is <global>
-        self._last_node, self._last_node_label = None, GLOBAL_LABEL
+        self._last_node, self._last_node_label, self._last_node_event = None, GLOBAL_LABEL, -1
 
     # -- hot path ---------------------------------------------------------------------------
     @classmethod
@@ -240,28 +279,37 @@ class RecorderMode(TorchDispatchMode):
             if _graph_task_id() != -1:
                 phase = BACKWARD
                 node = _current_node()
-                label = self._last_node_label if node is self._last_node else self._backward_label(node)
+                if node is not self._last_node:
+                    self._backward_label(node)
+                label, origin = self._last_node_label, self._last_node_event
                 if self._thread == _get_ident():  # backward that builds a graph (create_graph,
                     nr = _sequence_nr()  # checkpoint recomputation): its nodes are this op's
                     if nr != self._last_nr:
                         self._last_nr = nr
                         self._node_nrs.append(nr)
-                        self._node_labels.append(label)
+                        self._node_events.append(seq)
             else:
                 phase = OTHER if self.optimizer_depth else FORWARD
                 label = self.tracker.label
                 if self.record_source:
                     label = (label[0], self._user_line())
+                origin = -1
                 nr = _sequence_nr()
                 if nr != self._last_nr:  # this op created autograd nodes
                     self._last_nr = nr
                     self._node_nrs.append(nr)
-                    self._node_labels.append(label)
+                    self._node_events.append(seq)
+                if info.inplace and nargs and _is_differentiable_view_write(args):
+                    # autograd wraps this op's node in a CopySlices once the op returns: that
+                    # node (numbered nr) is this op's too, not the next op's
+                    self._last_nr = nr + 1
+                    self._node_nrs.append(nr + 1)
+                    self._node_events.append(seq)
             mf = info.memory_format_index
             self.events.append((
                 func, phase, label,
                 None if mf < 0 else (kwargs or {}).get("memory_format") if mf >= nargs else args[mf],
-                duration,
+                duration, origin, info.maybe_alias and _copied(args, out),
             ))
             if isinstance(out, _Tensor):
                 ext((seq, OUTPUT, 0, -1, _weakref(out),
@@ -304,15 +352,16 @@ class RecorderMode(TorchDispatchMode):
         Gradient accumulation into a parameter (AccumulateGrad) belongs to the parameter's
         module; a node created before recording began has no module (``<global>``).
         """
+        origin = -1
         if node is None:
-            return GLOBAL_LABEL
-        nr = node._sequence_nr()
-        if self._first_nr <= nr < self._last_nr:
-            label = self._node_labels[bisect_right(self._node_nrs, nr)]
+            label = GLOBAL_LABEL
+        elif self._first_nr <= (nr := node._sequence_nr()) < self._last_nr:
+            origin = self._node_events[bisect_right(self._node_nrs, nr)]
+            label = self.events[origin][2]
         else:
             var = getattr(node, "variable", None)
             label = GLOBAL_LABEL if var is None else (self.tracker.param_modules.get(id(var), "Global"), "")
-        self._last_node, self._last_node_label = node, label
+        self._last_node, self._last_node_label, self._last_node_event = node, label, origin
         return label
 
     def _user_line(self) -> str:
@@ -330,14 +379,18 @@ class RecorderMode(TorchDispatchMode):
         return ""
 
     def _check_strict(self, seq: int, info: _OpInfo, values: list) -> None:
+        """Classify the op as the analyzer will, with the data flow's facts replayed online."""
         keys = self._layout_keys
         if len(keys) < len(self.layouts):
             keys.extend(islice(self.layouts, len(keys), None))
+        copied = self.events[seq][6]
         rows = [values[k:k + TENSOR_FIELDS] for k in range(0, len(values), TENSOR_FIELDS)]
-        sigs = tuple(
-            tensor_sig(role, pos, *info.slot(role, pos, item), keys[lay], param)
-            for _, role, pos, item, _, lay, param in rows
-        )
+        plain = [(id(ref), tensor_sig(role, pos, *info.slot(role, pos, item, copied), keys[lay], param))
+                 for _, role, pos, item, ref, lay, param in rows]
+        ins = [x for x, row in zip(plain, rows) if row[1] == INPUT]
+        outs = [x for x, row in zip(plain, rows) if row[1] == OUTPUT]
+        in_facts, out_facts = self.facts.step(info.name, ins, outs)
+        sigs = tuple(s.with_facts(f) for (_, s), f in zip(ins + outs, [*in_facts, *out_facts]))
         verdict = rules.classify(info.name, sigs)
         if verdict.kind == rules.LOSES:
             phase, (module, _) = self.events[seq][1:3]
@@ -345,8 +398,7 @@ class RecorderMode(TorchDispatchMode):
             inputs = "; ".join(
                 f"{sig.arg}{'' if item < 0 else f'[{item}]'}: shape {tuple(keys[lay][0])} "
                 f"strides {keys[lay][1]} ({sig.label})"
-                for (_, role, _, item, _, lay, _), sig in zip(rows, sigs)
-                if role == INPUT
+                for (_, role, _, item, _, lay, _), sig in zip([r for r in rows if r[1] == INPUT], sigs)
             )
             raise FormatLossError(
                 f"{info.name} lost channels_last in module '{module}' ({PHASES[phase]}): "
@@ -358,8 +410,8 @@ class RecorderMode(TorchDispatchMode):
         self.tensors = []
         self._extend = self.tensors.extend
         self._node_nrs = []
-        self._node_labels = []
-        self._last_node, self._last_node_label = None, GLOBAL_LABEL
+        self._node_events = []
+        self._last_node, self._last_node_label, self._last_node_event = None, GLOBAL_LABEL, -1
 
 
 def _skip_in_dynamo(code) -> bool:
@@ -382,15 +434,18 @@ if not _SKIPPED_BY_DYNAMO:  # then torch's wrapper, as for any other mode
 def tensor_sig(role: int, position: int, arg: str, is_view: bool, layout: tuple, is_param: bool) -> rules.TensorSig:
     """A raw tensor row, its slot and its layout key -> the rule's view of it."""
     shape, strides, _, dtype, _ = layout
+    shape = tuple(shape)
     return rules.TensorSig(
         ROLES[role],
         position,
         arg,
-        format_label(tuple(shape), strides),
+        format_label(shape, strides),
         is_param,
         is_view,
-        nbytes(tuple(shape), dtype.itemsize),
+        nbytes(shape, dtype.itemsize),
         dtype.is_floating_point or dtype.is_complex,
+        shape,
+        tuple(strides),
     )
 
 
