@@ -28,6 +28,8 @@ class Audit:
         self.error = error
         self._ops: pd.DataFrame | None = None
         self._flow: analysis.FlowGraph | None = None
+        self._facts: pd.DataFrame | None = None
+        self._causes: pd.DataFrame | None = None
 
     @classmethod
     def from_raw(cls, raw: RawLog) -> Audit:
@@ -54,14 +56,33 @@ class Audit:
             self._flow = analysis.FlowGraph(self.events, self.tensors)
         return self._flow
 
+    def facts(self) -> pd.DataFrame:
+        """Per tensor row, what the data flow knew about it (cached): whether it is an image,
+        where its channels run, its format label as that image, and what an ambiguous one
+        stands for (:func:`auditor.analysis.image_facts`)."""
+        if self._facts is None:
+            self._facts = analysis.image_facts(self.events, self.tensors)
+        return self._facts
+
     def ops(self) -> pd.DataFrame:
-        """``events`` with the classification and data-flow columns (cached)."""
+        """``events`` with the classification, data-flow and cause columns (cached)."""
         if self._ops is None:
-            self._ops = analysis.ops_table(self.events, self.tensors, self.flow())
+            ops = analysis.ops_table(self.events, self.tensors, self.flow(), self.facts())
+            causes, event_cause = analysis.cause_table(
+                analysis.FlowView(ops, self.flow()), self.facts(), analysis.coverage(ops, self.tensors))
+            self._ops = ops.assign(cause=event_cause)
+            self._causes = causes
         return self._ops
 
+    def causes(self) -> pd.DataFrame:
+        """One row per cause: the op and line where an activation first left its format, with
+        the hotspots it leads to (its symptoms, forward and backward), most bytes first."""
+        self.ops()
+        return self._causes.copy()
+
     def hotspots(self) -> pd.DataFrame:
-        """Losses and conversions on conv -> ... -> conv paths, grouped, largest bytes first."""
+        """Losses and conversions on conv -> ... -> conv paths, grouped, largest bytes first;
+        ``cause`` names the row of :meth:`causes` each belongs to."""
         return analysis.hotspots(self.ops())
 
     def summary(self, depth: int = 1) -> pd.DataFrame:

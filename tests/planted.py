@@ -153,3 +153,188 @@ def make(name: str, seed: int = 0):
     model = cls().to(memory_format=fmt)
     x = torch.randn(*shape).to(memory_format=fmt)
     return model, x
+
+
+# -- causes: one planted cause per pattern, and the model with the suggested fix applied -----------
+
+
+class StackReduce(nn.Module):
+    """Two branches stacked on a new dimension and summed over it: the sum writes contiguous."""
+
+    def __init__(self, fixed: bool = False):
+        super().__init__()
+        self.fixed = fixed
+        self.a = nn.Conv2d(3, 8, 3, padding=1)
+        self.b = nn.Conv2d(3, 8, 3, padding=1)
+        self.c = nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        if self.fixed:
+            return self.c(self.a(x) + self.b(x))
+        return self.c(torch.stack([self.a(x), self.b(x)], 1).sum(1))  # planted: stack then reduce
+
+
+class PoolBranch(nn.Module):
+    """An ASPP-style image-pooling branch: its N×C×1×1 map, upsampled, is written contiguous."""
+
+    def __init__(self, fixed: bool = False):
+        super().__init__()
+        self.fixed = fixed
+        self.a = nn.Conv2d(3, 8, 3, padding=1)
+        self.p = nn.Conv2d(8, 8, 1)
+        self.bn = nn.BatchNorm2d(8)
+        self.c = nn.Conv2d(16, 8, 3, padding=1)
+
+    def forward(self, x):
+        a = self.a(x)
+        p = torch.relu(self.bn(self.p(F.avg_pool2d(a, a.shape[-2:]))))
+        if self.fixed:
+            p = p.expand(-1, -1, *a.shape[-2:]).contiguous(memory_format=CL)
+        else:
+            p = F.interpolate(p, size=a.shape[-2:], mode="bilinear")  # planted: N×C×1×1 upsampled
+        return self.c(torch.cat([a, p], 1))
+
+
+class SqueezeExciteMean(nn.Module):
+    """A squeeze-excite gate pooled with a mean over H, W: its backward writes contiguous."""
+
+    def __init__(self, fixed: bool = False):
+        super().__init__()
+        self.fixed = fixed
+        self.a = nn.Conv2d(3, 8, 3, padding=1)
+        self.fc = nn.Conv2d(8, 8, 1)
+        self.c = nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        a = self.a(x)
+        s = F.avg_pool2d(a, a.shape[-2:]) if self.fixed else a.mean((2, 3), keepdim=True)  # planted
+        return self.c(a * torch.sigmoid(self.fc(s)))
+
+
+class InplaceOnView(nn.Module):
+    """An in-place add on a view: autograd copies its gradient into contiguous order."""
+
+    def __init__(self, fixed: bool = False):
+        super().__init__()
+        self.fixed = fixed
+        self.a = nn.Conv2d(3, 8, 3, padding=1)
+        self.c = nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        y = self.a(x).transpose(2, 3)
+        if self.fixed:
+            y = y + 1
+        else:
+            y += 1  # planted: in place on a view
+        return self.c(y.transpose(2, 3))
+
+
+class ChannelSlice(nn.Module):
+    """Channels sliced for two branches: the backward of a slice writes contiguous zeros."""
+
+    def __init__(self, fixed: bool = False):
+        super().__init__()
+        self.fixed = fixed
+        self.a = nn.Conv2d(3, 16, 3, padding=1)
+        self.c = nn.Conv2d(8, 8, 3, padding=1)
+        self.d = nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        a = self.a(x)
+        left, right = a.split(8, dim=1) if self.fixed else (a[:, :8], a[:, 8:])  # planted: slicing
+        return self.c(left) + self.d(right)
+
+
+class Conv3dBatch1(nn.Module):
+    """Conv3d at batch 1 in float32 has no channels_last_3d kernel on this CPU: it writes
+    contiguous, and the next convolution permutes its channels_last_3d weight. The fix runs the
+    model contiguous."""
+
+    fixed_format = torch.contiguous_format
+
+    def __init__(self, fixed: bool = False):
+        super().__init__()
+        self.fixed = fixed
+        self.a = nn.Conv3d(3, 8, 3, padding=1)
+        self.c = nn.Conv3d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        return self.c(torch.relu(self.a(x)))
+
+
+class StandardizedConv(nn.Conv2d):
+    """Weight standardisation through a reshape and batch_norm, as timm's StdConv2d writes it:
+    the channels_last weight is rebuilt contiguous every step."""
+
+    fixed = False
+
+    def forward(self, x):
+        w = self.weight
+        if self.fixed:  # elementwise on the parameter: keeps its layout, and sums keep backward a view
+            n = w[0].numel()
+            d = w - w.sum((1, 2, 3), keepdim=True) / n
+            w = d * torch.rsqrt((d * d).sum((1, 2, 3), keepdim=True) / n + 1e-5)
+        else:
+            w = F.batch_norm(w.reshape(1, self.out_channels, -1), None, None, training=True, momentum=0.0,
+                             eps=1e-5).reshape_as(w)  # planted: a contiguous weight every step
+        return F.conv2d(x, w, self.bias, self.stride, self.padding)
+
+
+class WeightRebuilt(nn.Module):
+    def __init__(self, fixed: bool = False):
+        super().__init__()
+        self.a = nn.Conv2d(3, 8, 3, padding=1)
+        self.c = StandardizedConv(8, 8, 3, padding=1)
+        self.c.fixed = fixed
+
+    def forward(self, x):
+        return self.c(torch.relu(self.a(x)))
+
+
+class TokenAttention(nn.Module):
+    """Self-attention over the pixels between two convolutions, written on tokens: its head
+    transposes copy in any layout, and its result goes back to the image as a channels_last view."""
+
+    def __init__(self, fixed: bool = False):
+        super().__init__()
+        self.a = nn.Conv2d(3, 8, 3, padding=1)
+        self.qkv = nn.Linear(8, 24)
+        self.c = nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        a = self.a(x)
+        b, c, h, w = a.shape
+        tokens = a.flatten(2).transpose(1, 2)  # (B, N, C)
+        q, k, v = self.qkv(tokens).reshape(b, h * w, 3, 2, c // 2).permute(2, 0, 3, 1, 4).unbind(0)
+        att = (q @ k.transpose(-2, -1)).softmax(-1)
+        out = (att @ v).transpose(1, 2).reshape(b, h * w, c)
+        return self.c(out.transpose(1, 2).reshape(b, c, h, w) + a)
+
+
+#: model -> (class, input shape, the causes its audit must report: (phase, op, kind, pattern))
+CAUSE_MODELS = {
+    "stack_reduce": (StackReduce, (2, 3, 8, 8), {("forward", "aten.sum.dim_IntList", "loses", "stack_reduce")}),
+    "pool_branch": (PoolBranch, (2, 3, 8, 8),
+                    {("forward", "aten.upsample_bilinear2d.default", "loses", "nc11_broadcast")}),
+    "se_mean": (SqueezeExciteMean, (2, 3, 8, 8), {("backward", "aten.div.Scalar", "loses", "mean_backward")}),
+    "inplace_view": (InplaceOnView, (2, 3, 8, 8), {("backward", "aten.clone.default", "converts", "inplace_view")}),
+    "channel_slice": (ChannelSlice, (2, 3, 8, 8),
+                      {("backward", "aten.slice_backward.default", "loses", "channel_slice")}),
+    "conv3d_batch1": (Conv3dBatch1, (1, 3, 4, 8, 8), {("forward", "aten.convolution.default", "loses", "conv_no_kernel")}),
+    "weight_rebuilt": (WeightRebuilt, (2, 3, 8, 8), {("forward", "aten.clone.default", "weight", "weight_rebuilt")}),
+    "token_attention": (TokenAttention, (2, 3, 8, 8), set()),
+}
+
+
+def make_cause(name: str, fixed: bool = False, seed: int = 0):
+    """The planted-cause model (``fixed``: with its cause rewritten away), converted, and one
+    channels_last input for it; the same seed gives the same weights either way."""
+    cls, shape, _ = CAUSE_MODELS[name]
+    torch.manual_seed(seed)
+    fmt = CL if len(shape) == 4 else CL3
+    if fixed:
+        fmt = getattr(cls, "fixed_format", fmt)
+    model = cls(fixed=fixed).to(memory_format=fmt)
+    torch.manual_seed(seed + 1)
+    x = torch.randn(*shape).to(memory_format=fmt)
+    return model, x

@@ -110,3 +110,17 @@ def test_no_import_cycles():
 
     for n in graph:
         visit(n, [])
+
+
+def test_no_module_is_hidden_by_a_name_of_its_package():
+    """``import auditor.x.y`` must give the module: a package that re-exports a function
+    named like one of its modules hides the module behind the function."""
+    import importlib
+
+    for name in _modules():
+        if "." not in name or name.endswith("__init__"):
+            continue
+        package, _, leaf = name.rpartition(".")
+        pkg = importlib.import_module(f"auditor.{package}")
+        module = importlib.import_module(f"auditor.{name}")
+        assert getattr(pkg, leaf, module) is module, f"auditor.{package}.{leaf} is not the module"

@@ -12,6 +12,7 @@ import pandas as pd
 import torch
 
 from ..recording import rules
+from ..recording.facts import FactsReplay
 
 
 def is_floating_dtype(dtype_name: str) -> bool:
@@ -38,3 +39,73 @@ def activation_inputs(tensors: pd.DataFrame, floating: np.ndarray | None = None)
         & ~tensors["is_param"].to_numpy()
         & ~tensors["arg"].isin(rules.WEIGHT_ARGS).to_numpy()
     )
+
+
+#: Columns of :func:`image_facts`.
+FACT_COLUMNS = ["image", "cdim", "rank", "label", "effective"]
+
+
+def parse_tuple(text: str) -> tuple[int, ...]:
+    """``"(2, 3, 8, 8)"`` (the log's shape and strides columns) -> ``(2, 3, 8, 8)``."""
+    return tuple(int(x) for x in text.strip("()").split(",") if x.strip())
+
+
+def image_facts(events: pd.DataFrame, tensors: pd.DataFrame) -> pd.DataFrame:
+    """Per tensor row, what the data flow knew about that tensor when the op ran: whether it is
+    an image, the dimension its channels run along, the rank of the image, its label as that
+    image, and its effective format (:class:`auditor.rules.Facts`).
+
+    The ops are replayed in the order they ran (:class:`auditor.recording.facts.FactsReplay`,
+    the replay ``strict=True`` steps while recording), keyed by tensor identity.
+    """
+    n_rows = len(tensors)
+    out = {
+        "image": np.zeros(n_rows, dtype=bool),
+        "cdim": np.ones(n_rows, dtype=np.int8),
+        "rank": tensors["ndim"].to_numpy().copy() if n_rows else np.zeros(0, dtype=np.int8),
+        "label": tensors["format"].astype(str).to_numpy().copy() if n_rows else np.empty(0, dtype=object),
+        "effective": np.full(n_rows, "", dtype=object),
+    }
+    if not n_rows:
+        return pd.DataFrame(out)
+    base, base_code = _base_signatures(tensors)
+    ops = [str(o) for o in events["op"].cat.categories]
+    op_code = events["op"].cat.codes.to_numpy()
+    seq = tensors["seq"].to_numpy()
+    is_out = (tensors["role"] == "output").to_numpy().tolist()
+    tid = tensors["tid"].to_numpy().tolist()
+    bounds = np.searchsorted(seq, np.arange(len(events) + 1)).tolist()
+    replay = FactsReplay()
+    row_facts: list = [None] * n_rows
+    for e in range(len(events)):
+        lo, hi = bounds[e], bounds[e + 1]
+        if lo == hi:
+            continue
+        ins = [r for r in range(lo, hi) if not is_out[r]]
+        outs = [r for r in range(lo, hi) if is_out[r]]
+        in_facts, out_facts = replay.step(ops[op_code[e]], [(tid[r], base[base_code[r]]) for r in ins],
+                                          [(tid[r], base[base_code[r]]) for r in outs])
+        for r, f in zip(ins, in_facts):
+            row_facts[r] = f
+        for r, f in zip(outs, out_facts):
+            row_facts[r] = f
+    for r, f in enumerate(row_facts):
+        if f is not None and (f.image or f.effective):
+            out["image"][r], out["cdim"][r], out["rank"][r], out["label"][r], out["effective"][r] = f
+    return pd.DataFrame(out)
+
+
+def _base_signatures(tensors: pd.DataFrame) -> tuple[list[rules.TensorSig], np.ndarray]:
+    """The rule's view of every distinct tensor row, before the data flow's facts: (the
+    distinct signatures, each row's code into them)."""
+    cols = ["role", "position", "arg", "format", "is_param", "is_view", "bytes", "dtype", "shape", "strides"]
+    keys = pd.MultiIndex.from_frame(tensors[cols].astype({c: "object" for c in ("role", "arg", "format", "dtype",
+                                                                                 "shape", "strides")}))
+    codes, uniq = pd.factorize(keys)
+    floating = {d: is_floating_dtype(d) for d in tensors["dtype"].cat.categories.astype(str)}
+    base = [
+        rules.TensorSig(role, int(pos), arg, label, bool(param), bool(view), int(nbytes), floating[dtype],
+                        parse_tuple(shape), parse_tuple(strides))
+        for role, pos, arg, label, param, view, nbytes, dtype, shape, strides in uniq
+    ]
+    return base, codes

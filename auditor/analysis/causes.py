@@ -1,69 +1,374 @@
-"""Causes: the op at the root of each hotspot, where the data first left its format.
+"""Causes: the op, and its line, where an activation first left the format its convolution wrote.
 
 A hotspot is often a symptom: a convolution permutes its input because an op upstream wrote it
-in another format. :class:`CauseTracer` follows the permuted operands back through the data
-flow to that op.
+in another format, and the backward pass mirrors it. :class:`CauseTracer` follows every hotspot
+back through the data flow to its cause, merges a backward cause into the forward op whose
+autograd node ran it, and names the pattern the cause follows (from its ops, shapes, strides
+and data flow, never from names of models or modules). :func:`cause_table` groups them per
+line: what the user changes.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 from ..recording import rules
 from ..recording.formats import base_format
 from .flow import FlowView
 
+#: Cause kinds: an op lost channels_last unasked, a copy converted it on request, a weight is
+#: stored or rebuilt in another format than its convolution computes in, or data joined the
+#: path in another format.
+LOSES, CONVERTS, WEIGHT, JOINS = "loses", "converts", "weight", "joins"
+CAUSE_KINDS = (LOSES, CONVERTS, WEIGHT, JOINS)
+
+#: Patterns a cause can follow, with the one-line fix each suggests (``{...}`` filled in).
+PATTERNS: dict[str, str] = {
+    "explicit_copy": "ask for {cl} here (.contiguous(memory_format=torch.{cl})), or drop the copy",
+    "reshape_merge": "this reshape merges C with other dimensions, which {cl} cannot view: reshape the NHWC "
+                     "view instead (permute(0, 2, 3, 1) first) or keep this region contiguous",
+    "channel_shuffle": "use torch.nn.functional.channel_shuffle(x, groups), which keeps {cl}",
+    "inplace_view": "write `y = y + ...` instead of an in-place op on a view: autograd copies the gradient of "
+                    "a view written in place into contiguous order",
+    "channel_slice": "split the channels with torch.split or torch.chunk instead of slicing them: the backward "
+                     "of a slice writes contiguous zeros",
+    "stack_reduce": "combine the branches without stacking them (a + b, or a weighted sum): the reduction over "
+                    "the stacked dimension writes contiguous",
+    "nc11_broadcast": "broadcast the N×C×1×1 map with .expand(-1, -1, H, W).contiguous(memory_format=torch.{cl}) "
+                      "instead: this op writes it full size in contiguous order",
+    "mean_backward": "PyTorch's backward of a mean over H and W writes contiguous: pool with "
+                     "F.avg_pool2d(x, x.shape[-2:]) (or x.sum((2, 3), keepdim=True) / (H * W)) instead",
+    "weight_rebuilt": "the weight is rebuilt in {fmt} order every step and the convolution permutes it: compute "
+                      "it with elementwise ops on the {cl} parameter (sums, not a reshape)",
+    "weight_format": "store this convolution's weight in {cl} "
+                     "(auditor.convert_conv{dims}d_weight_memory_format)",
+    "conv_no_kernel": "this convolution has no {cl} kernel for this shape on this device (coverage: {support}): "
+                      "run it, and what it feeds, contiguous",
+    "no_cl_kernel": "{op} has no {cl} kernel on this device (coverage: {support}): use a format-keeping "
+                    "version, or keep this region contiguous",
+    "loses": "{op} wrote {fmt} from a {cl} input here: make its result {cl} "
+             "(.contiguous(memory_format=torch.{cl}))",
+    "joins": "this tensor joins the {cl} path in {fmt} order: make it {cl} where it is created",
+}
+
+CAUSE_COLUMNS = [
+    "cause", "phase", "module", "module_type", "op", "kind", "pattern", "source", "calls", "hotspots",
+    "bytes", "fix",
+]
+
+_CL = ("channels_last", "channels_last_3d")
+_SLICES = ("aten.slice", "aten.narrow", "aten.split", "aten.chunk", "aten.split_with_sizes", "aten.unbind")
+
 
 class CauseTracer:
-    """Traces hotspots of one audit back to their causes over its ops and flow graph."""
+    """Traces hotspots of one audit back to their causes over its ops, facts and flow graph."""
 
-    def __init__(self, view: FlowView):
+    def __init__(self, view: FlowView, facts: pd.DataFrame, coverage: pd.DataFrame | None = None):
         self.view = view
         self.graph = view.graph
+        ops = view.ops
+        t = view.tensors
         self.kind, self.op, self.is_conv = view.kind, view.op, view.is_conv
-        self._format = view.tensors["format"].to_numpy()
+        self.phase, self.module, self.source = view.phase, view.module, view.source
+        self.to_format = ops["to_format"].astype(str).to_numpy()
+        self.forward_seq = ops["forward_seq"].to_numpy() if "forward_seq" in ops else np.full(len(ops), -1)
+        self.weight_permuted = ops["weight_permuted"].to_numpy()
+        self.copy = np.array([rules.is_copy(o) for o in self.op], dtype=bool)
+        self.image = facts["image"].to_numpy()
+        self.cdim = facts["cdim"].to_numpy()
+        self.rank = facts["rank"].to_numpy()
+        self.label = facts["label"].astype(str).to_numpy()
+        self.effective = facts["effective"].astype(str).to_numpy()
+        self.ndim = t["ndim"].to_numpy()
+        self.shape = t["shape"].astype(str).to_numpy()
+        self.size = t["bytes"].to_numpy()
+        self.arg = t["arg"].astype(str).to_numpy()
+        self.seq = t["seq"].to_numpy()
+        self.is_out = (t["role"] == "output").to_numpy()
+        self.bounds = np.searchsorted(self.seq, np.arange(len(ops) + 1))
+        self.coverage = coverage
+        self._memo: dict[int, tuple[int, str]] = {}
 
-    def blamed_producers(self, e: int) -> list[int]:
-        """Producers (any phase) of the operands to blame for costly op ``e``: the ones stored
-        in a definite format other than channels_last. A convolution or a restore permuted
-        them; an op whose peers came in mixed formats (``cat``, ``mul``) converted them or
-        followed them, whichever operand came first."""
-        return [int(self.graph.producer[r]) for r in self.graph.act_rows.get(e, [])
-                if base_format(str(self._format[r])) in ("contiguous", "other")]
+    # -- which rows -------------------------------------------------------------------------
+    def _rows(self, e: int) -> range:
+        return range(int(self.bounds[e]), int(self.bounds[e + 1]))
 
-    def cause(self, e: int) -> int:
-        """The costly op at the root of hotspot ``e``: follow the operands it permuted back
-        through views and format-preserving ops to the op that first wrote them in the wrong
-        format. An op is its own cause when nothing upstream explains it."""
-        seen = set()
-        while e not in seen:
-            seen.add(e)
-            nxt = None
-            peer = self.kind[e] == rules.CONVERTS and rules.op_packet(self.op[e]) not in rules.COPY_OPS
-            if self.is_conv[e] or peer or self.kind[e] == rules.RESTORES:
-                for p in self.blamed_producers(e):
-                    c = self._costly_upstream(p)
-                    if c is not None:
-                        nxt = c
+    def _image_inputs(self, e: int) -> list[int]:
+        """The rows of ``e``'s activation inputs that are images, feed a convolution, or meet an
+        image of their shape as a peer (as :func:`auditor.rules.classify` counts them)."""
+        rows = self.graph.act_rows.get(e, [])
+        if self.is_conv[e]:
+            return list(rows)
+        shapes = {self.shape[r] for r in rows if self.image[r]}
+        return [r for r in rows if self.image[r] or (self.ndim[r] >= 4 and self.shape[r] in shapes)]
+
+    def _output(self, e: int) -> int:
+        outs = [r for r in self._rows(e) if self.is_out[r]]
+        return outs[0] if outs else -1
+
+    def _weight_row(self, e: int) -> int:
+        return next((r for r in self._rows(e) if not self.is_out[r] and self.arg[r] == "weight"), -1)
+
+    @staticmethod
+    def _off(fmt: str) -> bool:
+        """A definite format other than channels_last: data the path did not mean to carry."""
+        base = base_format(fmt)
+        return base in ("contiguous", "other")
+
+    # -- tracing ----------------------------------------------------------------------------
+    def cause(self, h: int) -> tuple[int, str]:
+        """(cause event, cause kind) of hotspot ``h``."""
+        hit = self._memo.get(h)
+        if hit is None:
+            hit = self._memo[h] = self._cause(h, set())
+        return hit
+
+    def _cause(self, h: int, seen: set) -> tuple[int, str]:
+        seen.add(h)
+        kind = self.kind[h]
+        blamed = [r for r in self._image_inputs(h) if self._off(self.effective[r] or self.label[r])]
+        if self.is_conv[h] and self.weight_permuted[h] and not blamed:
+            return self._weight_cause(h)
+        if kind == rules.LOSES:
+            return h, LOSES
+        if self.copy[h] and not blamed and kind == rules.CONVERTS:
+            return h, CONVERTS  # a copy into another format somebody asked for
+        for r in blamed:  # an operand arrived off its format: blame whoever wrote it so
+            found = self._trace(r, seen)
+            if found is not None:
+                return found
+        return h, (CONVERTS if self.copy[h] else LOSES)
+
+    def _trace(self, r: int, seen: set) -> tuple[int, str] | None:
+        """Follow the data of input row ``r`` back to the op that wrote it off its format."""
+        p = int(self.graph.producer[r])
+        while p >= 0 and p not in seen:
+            seen.add(p)
+            kind = self.kind[p]
+            if kind == rules.LOSES:
+                return p, LOSES
+            if kind in (rules.CONVERTS, rules.RESTORES) or self.is_conv[p]:
+                return self._cause(p, seen)
+            ins = self._image_inputs(p)
+            if not ins:  # the data entered the image path here; a view is never a cause
+                while self.view.kind[p] == rules.VIEW:
+                    first = next((r for r in self._rows(p) if not self.is_out[r]), -1)
+                    q = int(self.graph.producer[first]) if first >= 0 else -1
+                    if q < 0:
                         break
-            if nxt is None:
-                return e
-            e = nxt
-        return e
-
-    def _costly_upstream(self, p: int) -> int | None:
-        """Walk back from producer ``p`` along first activation inputs to a costly non-conv op."""
-        steps = 0
-        while p >= 0 and steps < 10_000:
-            if self.is_conv[p]:
-                return p if self.kind[p] in rules.COSTLY_KINDS else None
-            if self.kind[p] in rules.COSTLY_KINDS:
-                return p
-            prods = self.graph.input_producers(p, same_phase=False)
-            p = prods[0] if prods else -1
-            steps += 1
+                    p = q
+                return p, JOINS
+            nxt = next((x for x in ins if self._off(self.effective[x] or self.label[x])), ins[0])
+            p = int(self.graph.producer[nxt])
         return None
 
-    def causes_of(self, events: np.ndarray) -> dict[int, int]:
-        """``{hotspot event: its cause event}`` for every event of ``events``."""
-        return {int(e): self.cause(int(e)) for e in events}
+    def _weight_cause(self, h: int) -> tuple[int, str]:
+        """A convolution permutes its weight: the op that rebuilt the weight in another format,
+        or the convolution itself when the stored parameter is in the other format."""
+        w = self._weight_row(h)
+        p = int(self.graph.producer[w]) if w >= 0 else -1
+        seen = set()
+        while p >= 0 and p not in seen:
+            seen.add(p)
+            out = self._output(p)
+            src = next((r for r in self._rows(p) if not self.is_out[r] and self.ndim[r] == self.ndim[out]), -1)
+            if out >= 0 and src >= 0:
+                a, b = base_format(self.label[src]), base_format(self.label[out])
+                if a != b and a in ("contiguous", *_CL) and b in ("contiguous", *_CL):
+                    return p, WEIGHT
+            first = next((r for r in self._rows(p) if not self.is_out[r]), -1)
+            p = int(self.graph.producer[first]) if first >= 0 else -1
+        return h, WEIGHT
+
+    def root(self, c: int, causes: set[int]) -> int:
+        """The event a cause is reported under. A backward cause belongs to a forward cause
+        when the forward op whose autograd node ran it is that cause, or is joined to one by
+        views only (the backward of a view next to the copy), or sits at the same line as
+        one."""
+        if self.phase[c] != "backward":
+            return c
+        f = int(self.forward_seq[c])
+        if f < 0:
+            return c
+        forward = [x for x in causes if self.phase[x] == "forward"]
+        at_line = {}
+        for x in sorted(forward):
+            at_line.setdefault((self.op[x], self.source[x] or self.module[x]), x)
+        for g in self._through_views(f):
+            if g in causes:
+                return g
+            hit = at_line.get((self.op[g], self.source[g] or self.module[g]))
+            if hit is not None:
+                return hit
+        return c
+
+    def _through_views(self, e: int, limit: int = 8) -> list[int]:
+        """``e`` and the forward events joined to it by views only, nearest first."""
+        found, frontier = [e], [e]
+        while frontier and len(found) < limit:
+            nxt = []
+            for x in frontier:
+                near = list(self.graph.consumers.get(x, [])) + [p for p in self.graph.input_producers(x) if p >= 0]
+                for y in near:
+                    if y not in found and (self.view.kind[x] == rules.VIEW or self.view.kind[y] == rules.VIEW):
+                        found.append(y)
+                        nxt.append(y)
+            frontier = nxt
+        return found
+
+    # -- patterns ---------------------------------------------------------------------------
+    def pattern(self, c: int, kind: str) -> str:
+        """Which known pattern cause ``c`` follows (a key of :data:`PATTERNS`)."""
+        if kind == WEIGHT:
+            return "weight_format" if self.is_conv[c] else "weight_rebuilt"
+        if self.is_conv[c]:
+            return "conv_no_kernel"
+        origin = int(self.forward_seq[c]) if self.phase[c] == "backward" else -1
+        ins = self._image_inputs(c)
+        src = ins[0] if ins else next((r for r in self._rows(c) if not self.is_out[r]), -1)
+        if origin >= 0 and self._inplace_on_view(origin):
+            return "inplace_view"
+        if origin >= 0 and self._channel_slice(origin):
+            return "channel_slice"
+        if origin >= 0 and self._spatial_reduction(origin):
+            return "mean_backward"
+        if kind == CONVERTS:
+            if src >= 0 and self.ndim[src] == self.rank[src] + 1:
+                return "channel_shuffle"
+            if any(self.view.kind[x] == rules.VIEW and self.ndim[self._output(x)] != self.ndim[self._output(c)]
+                   for x in self.graph.consumers.get(c, []) if self._output(x) >= 0):
+                return "reshape_merge"
+            return "explicit_copy"
+        if kind == JOINS:
+            return "joins"
+        if src >= 0 and (self.cdim[src] != 1 or self.ndim[src] > self.rank[src]):
+            return "stack_reduce"
+        if src >= 0 and self.label[src].startswith("ambiguous"):
+            return "nc11_broadcast"
+        return "no_cl_kernel" if self._kernel_missing(c) else "loses"
+
+    def _inplace_on_view(self, e: int) -> bool:
+        """``e`` wrote, in place, a tensor that is a view of another."""
+        first = next((r for r in self._rows(e) if not self.is_out[r]), -1)
+        if first < 0 or not any(self.is_out[r] for r in self._rows(e)):
+            return False
+        out = self._output(e)
+        tid = self.view.tensors["tid"].to_numpy()
+        return tid[out] == tid[first] and self.graph.root[tid[first]] != tid[first]
+
+    def _channel_slice(self, e: int) -> bool:
+        """``e`` is a view that took some of its image input's channels."""
+        if self.view.kind[e] != rules.VIEW or not rules.op_packet(self.op[e]).startswith(_SLICES):
+            return False
+        ins = self._image_inputs(e)
+        out = self._output(e)
+        if not ins or out < 0:
+            return False
+        a, b = _shape(self.shape[ins[0]]), _shape(self.shape[out])
+        c = int(self.cdim[ins[0]])
+        return len(a) == len(b) and a[c] != b[c] and a[:c] + a[c + 1:] == b[:c] + b[c + 1:]
+
+    def _spatial_reduction(self, e: int) -> bool:
+        """``e`` reduced an image over all its spatial dimensions (a global mean or pool)."""
+        ins = self._image_inputs(e)
+        out = self._output(e)
+        if not ins or out < 0:
+            return False
+        a, b = _shape(self.shape[ins[0]]), _shape(self.shape[out])
+        spatial = int(np.prod(a[2:])) if len(a) > 2 else 1
+        return spatial > 1 and len(a) >= 4 and int(np.prod(b)) * spatial == int(np.prod(a))
+
+    def _kernel_missing(self, e: int) -> bool:
+        """Coverage says this op never, or not always, keeps channels_last on this device."""
+        cov = self.coverage
+        if cov is None or cov.empty:
+            return False
+        row = cov[cov["op"] == self.op[e]]
+        return bool(len(row)) and row["support"].isin(["none", "partial"]).any()
+
+    def support(self, e: int) -> str:
+        cov = self.coverage
+        if cov is None or cov.empty:
+            return "unknown"
+        row = cov[cov["op"] == self.op[e]]
+        return ", ".join(sorted(set(row["support"]))) if len(row) else "unknown"
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.strip("()").split(",") if x.strip())
+
+
+def cause_table(view: FlowView, facts: pd.DataFrame, coverage: pd.DataFrame | None = None
+                ) -> tuple[pd.DataFrame, np.ndarray]:
+    """(one row per cause, ranked by bytes; the cause id of every event, 0 where none).
+
+    Causes are grouped per line: (phase, op, source, kind) when source lines were recorded,
+    (phase, module, op, kind) otherwise. ``hotspots`` counts the hotspot ops a cause leads to,
+    itself included, and ``bytes`` sums theirs.
+    """
+    ops = view.ops
+    tracer = CauseTracer(view, facts, coverage)
+    hot = np.flatnonzero(ops["hotspot"].to_numpy())
+    traced = {int(h): tracer.cause(int(h)) for h in hot}
+    cause_events = {c for c, _ in traced.values()}
+    roots = {c: tracer.root(c, cause_events) for c in cause_events}
+    kinds: dict[int, str] = {}
+    for c, k in traced.values():
+        kinds.setdefault(roots[c], k)
+    keys = {r: _group_key(view, r, kinds[r]) for r in set(roots.values())}
+    order = {k: i for i, k in enumerate(dict.fromkeys(keys[r] for r in sorted(keys)))}
+    group_of_event = np.zeros(len(ops), dtype=np.int64)
+    for h, (c, _) in traced.items():
+        group_of_event[h] = order[keys[roots[c]]] + 1
+    table = _cause_rows(view, tracer, keys, kinds, order, group_of_event)
+    if table.empty:
+        return table, group_of_event
+    # number causes by cost, largest first
+    ranked = table.sort_values(["bytes", "first_seq"], ascending=[False, True], kind="stable")
+    renumber = np.zeros(len(order) + 1, dtype=np.int64)
+    renumber[ranked["cause"].to_numpy()] = np.arange(1, len(ranked) + 1)
+    ranked = ranked.assign(cause=renumber[ranked["cause"].to_numpy()]).reset_index(drop=True)
+    return ranked[CAUSE_COLUMNS], renumber[group_of_event]
+
+
+def _group_key(view: FlowView, r: int, kind: str) -> tuple:
+    if view.source[r]:
+        return view.phase[r], view.op[r], view.source[r], kind
+    return view.phase[r], view.module[r], view.op[r], kind
+
+
+def _cause_rows(view, tracer: CauseTracer, keys, kinds, order, group_of_event) -> pd.DataFrame:
+    ops = view.ops
+    nbytes = ops["bytes"].to_numpy()
+    rows = []
+    for key, number in order.items():
+        members = sorted(r for r, k in keys.items() if k == key)
+        first = members[0]
+        kind = kinds[first]
+        pattern = tracer.pattern(first, kind)
+        symptoms = np.flatnonzero(group_of_event == number + 1)
+        own = 0  # a weight rebuilt every step: the rebuilding copy is part of its cost
+        if kind == WEIGHT:
+            own = sum(int(tracer.size[tracer._output(m)]) for m in members
+                      if not tracer.is_conv[m] and m not in set(symptoms.tolist()) and tracer._output(m) >= 0)
+        rows.append({
+            "cause": number + 1, "phase": view.phase[first], "module": view.module[first],
+            "module_type": str(ops.at[first, "module_type"]), "op": view.op[first], "kind": kind,
+            "pattern": pattern, "source": view.source[first], "calls": len(members),
+            "hotspots": len(symptoms), "bytes": int(nbytes[symptoms].sum()) + own,
+            "fix": _fix_text(view, tracer, first, pattern), "first_seq": first,
+        })
+    if not rows:
+        return pd.DataFrame({c: pd.Series(dtype="int64" if c in ("cause", "calls", "hotspots", "bytes") else "object")
+                             for c in CAUSE_COLUMNS + ["first_seq"]})
+    return pd.DataFrame(rows)
+
+
+def _fix_text(view: FlowView, tracer: CauseTracer, c: int, pattern: str) -> str:
+    rank = next((int(tracer.rank[r]) for r in tracer._image_inputs(c)), 4)
+    out = tracer._output(c)
+    fmt = base_format(tracer.label[out]) if out >= 0 else "contiguous"
+    cl = "channels_last_3d" if rank == 5 else "channels_last"
+    return PATTERNS[pattern].format(cl=cl, fmt=fmt, op=rules.op_packet(view.op[c]).removeprefix("aten."),
+                                    dims=rank - 2, support=tracer.support(c))

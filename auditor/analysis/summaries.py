@@ -9,7 +9,7 @@ import torch
 
 from ..recording import rules
 from ..recording.formats import CHANNELS_LAST, CHANNELS_LAST_3D
-from .hotspots import HOTSPOT_KEYS
+from .paths import HOTSPOT_KEYS
 
 
 def module_at_depth(module: pd.Series, depth: int) -> pd.Series:

@@ -12,7 +12,6 @@ import numpy as np
 import pandas as pd
 
 from ..analysis import floating_rows
-from ..recording import rules
 from ..recording.formats import CHANNELS_LAST, CHANNELS_LAST_3D, CONTIGUOUS, OTHER, base_format
 from ..result import Audit
 
@@ -195,11 +194,15 @@ class _BucketScan:
             if base == tid[s] or p_out < 0 or self.ndim[s] >= self.ndim[p_out] or self.position[p_out] != 0:
                 continue
             p = int(seq[p_out])
-            if p in self.flattened or ops_table.at[p, "is_conv"] or ops_table.at[p, "kind"] not in rules.COSTLY_KINDS:
+            p_rows = np.arange(*np.searchsorted(seq, [p, p + 1]))
+            p_in = p_rows[self.is_in[p_rows]]
+            # the op that fed the buffer changed the layout (buffers hold weights and gradients
+            # too, so this reads the labels, not the image classification)
+            if p in self.flattened or ops_table.at[p, "is_conv"] or not len(p_in) or \
+                    not _changes_layout(self.fmt[p_in[0]], self.fmt[p_out]):
                 continue
             self.flattened.add(p)
-            p_rows = np.arange(*np.searchsorted(seq, [p, p + 1]))
-            self._add(p, "flatten", p_rows[self.is_in[p_rows]][0], p_out, dst)
+            self._add(p, "flatten", p_in[0], p_out, dst)
 
     def _add(self, e: int, stage: str, src: int, dst: int, side: int) -> None:
         linked = "inferred" if stage != "flatten" and int(self.root[self.tid[side]]) in self.inferred else "view"

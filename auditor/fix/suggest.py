@@ -1,31 +1,32 @@
 """Suggested fixes: one concrete change per cause, with the bytes it would save.
 
-Each hotspot is traced to its cause (:class:`auditor.analysis.CauseTracer`); one fix covers a
-cause and every hotspot it leads to, forward and backward. The fix rules are tried in order
-(:data:`_RULES`), each on the cause's op, its data flow and its source line.
+Each row of ``Audit.causes()`` gets a fix that removes it and every hotspot it leads to,
+forward and backward, chosen from the cause's pattern (:data:`auditor.analysis.causes.PATTERNS`):
+a source line to edit, a torch module to swap, a library function to rebind, a weight to
+convert or a region to run contiguous. Only fixes that save bytes are suggested.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import torch
 import torch.nn as nn
 
 from .. import analysis
 from ..display.tables import preformatted_html
 from ..display.units import format_bytes
 from ..recording import rules
-from ..recording.formats import base_format
 from ..result import Audit
-from .convert import CHANNELS_LAST_OF_RANK
+from .convert import CHANNELS_LAST_OF_RANK, FORMAT_NAMES
 from .hooks import conv_module, keep_contiguous, set_conv_format
 from .keep_format import SWAPS, swap_module
-from .source import enclosing_function, function_of, keep_format_in_line, module_expr, source_line
+from .source import enclosing_function, keep_format_in_line, module_expr, source_line
 
 EDIT, SWAP, FUNCTION, WEIGHT, REGION = (
     "edit source", "swap module", "swap function", "convert weight", "keep region contiguous")
 FIX_COLUMNS = [
-    "fix", "action", "module", "module_type", "op", "source", "line", "suggestion", "detail",
+    "fix", "cause", "pattern", "action", "module", "module_type", "op", "source", "line", "suggestion", "detail",
     "hotspots", "count", "bytes", "hotspot_bytes", "added_bytes", "forward_bytes", "backward_bytes",
     "region",
 ]
@@ -51,9 +52,12 @@ class Fixes:
 
     def apply(self, model: nn.Module) -> pd.DataFrame:
         """Apply, in place, the fixes that need no source edit (module swaps, weight
-        conversions, regions kept contiguous) and save bytes; a region whose edges would move
-        more bytes than it saves is left out. Returns one row per fix: ``fix``, ``action``,
-        ``applied`` and what was done or what is left to do by hand."""
+        conversions, regions kept contiguous). Returns one row per fix: ``fix``, ``action``,
+        ``applied`` and what was done or what is left to do by hand.
+
+        Raises ``TypeError`` for a model it cannot change in place (TorchScript), before
+        changing anything."""
+        _check_changeable(model)
         rows = []
         for r in self.frame.itertuples():
             done, what = False, ""
@@ -63,9 +67,13 @@ class Fixes:
                 new = swap_module(model, r.module)
                 done, what = True, f"{r.module} is now {type(new).__name__}"
             elif r.action == WEIGHT:
-                rank = conv_module(model, r.module).weight.dim()
-                set_conv_format(model, r.module, CHANNELS_LAST_OF_RANK[rank], convert_input=False)
-                done, what = True, f"{r.module}.weight converted"
+                weight = conv_module(model, r.module).weight
+                target = CHANNELS_LAST_OF_RANK[weight.dim()]
+                if weight.is_contiguous(memory_format=target) and not weight.is_contiguous():
+                    what = f"{r.module}.weight is already {FORMAT_NAMES[target]}: nothing to do"
+                else:
+                    set_conv_format(model, r.module, target, convert_input=False)
+                    done, what = True, f"{r.module}.weight converted"
             elif r.action == REGION:
                 keep_contiguous(model, r.region)
                 done, what = True, f"{', '.join(r.region)} run contiguous"
@@ -108,116 +116,102 @@ class Fixes:
 
 
 def suggest_fixes(audit: Audit) -> Fixes:
-    """One concrete fix for every hotspot of ``audit``, with the bytes it would save.
+    """One fix for every cause of ``audit`` that has one that saves bytes.
 
-    Each hotspot is traced back to the op that caused it (a conversion inside a convolution is
-    caused by whatever wrote its operand in the wrong format), and one fix covers a cause and
-    every hotspot it causes, forward and backward. The fix is, in order of preference:
+    The fix follows the cause's pattern. In order of preference:
 
-    * ``edit source``: the line with a ``.contiguous()`` (or ``contiguous_format``) and what to
-      write there instead (needs an audit with ``record_source=True``);
-    * ``swap module``: the module to replace by one that keeps the format (:data:`SWAPS`);
+    * ``edit source``: the line to change and what to write there (an explicit
+      ``.contiguous()`` becomes ``.contiguous(memory_format=torch.channels_last)``; a channel
+      slice, a stack reduced along the stack, an N×C×1×1 map interpolated, a mean over H and
+      W, an in-place op on a view, a rebuilt weight: the rewrite that keeps the format). Lines
+      need an audit with source lines (the default);
+    * ``swap module``: a torch module with no channels_last kernel here, to replace by one that
+      keeps the format (:data:`SWAPS`);
     * ``swap function``: a library function to rebind to torch's format-keeping op (a channel
       shuffle written with ``transpose(...).contiguous()`` -> ``F.channel_shuffle``);
-    * ``keep region contiguous``: the convolutions around an op that cannot keep the format
-      (a reshape that merges C, an op without a channels_last kernel), to run contiguous with
-      :func:`keep_contiguous`; its ``bytes`` are net of the conversions moved to the edges.
+    * ``convert weight``: a convolution whose stored weight is in the other format;
+    * ``keep region contiguous``: the convolutions around an op that cannot keep the format,
+      to run contiguous with :func:`keep_contiguous`, when that moves fewer bytes than it
+      saves; its ``bytes`` are net of the conversions moved to the region's edges.
+
+    A claim that an op has no channels_last kernel is made only where ``Audit.coverage()``
+    says so for this device and dtype.
     """
     if not isinstance(audit, Audit):
         raise TypeError(f"suggest_fixes expects an auditor.Audit, got {type(audit).__name__}")
     hot = audit.hotspots()
-    if hot.empty:
+    causes = audit.causes()
+    if causes.empty:
         return Fixes(pd.DataFrame(columns=FIX_COLUMNS), hot.assign(fix=pd.Series(dtype="int64")))
     ops = audit.ops()
     view = analysis.FlowView(ops, audit.flow())
-    hot_events = np.flatnonzero(ops["hotspot"].to_numpy())
-    root = _forward_causes(view, analysis.CauseTracer(view).causes_of(hot_events))
-    fixes: dict[tuple, dict] = {}
-    event_fix: dict[int, tuple] = {}
-    for e, c in root.items():
-        key, spec = _fix_for(view, c)
-        fixes.setdefault(key, spec)
-        event_fix[e] = key
-    keys = analysis.HOTSPOT_KEYS
-    hot_keys = hot[keys].astype(str).apply(tuple, axis=1)
-    group_fix: dict[tuple, tuple] = {}
-    for e, g in zip(hot_events, ops.loc[hot_events, keys].astype(str).apply(tuple, axis=1)):
-        group_fix.setdefault(g, event_fix[int(e)])
-    frame = _fix_frame(fixes, group_fix, hot, hot_keys, backward=bool((ops["phase"] == "backward").any()))
-    number = dict(zip(frame["_key"], frame["fix"]))
-    out_hot = hot.copy()
-    out_hot["fix"] = [number[group_fix[k]] for k in hot_keys]
-    return Fixes(frame[FIX_COLUMNS], out_hot)
-
-
-def _forward_causes(view: analysis.FlowView, causes: dict[int, int]) -> dict[int, int]:
-    """A backward cause belongs to the forward op of its autograd node: the forward cause with
-    the same module and line or, failing that, the same module and function (the backward of a
-    view next to the copy)."""
-    forward_of: dict[tuple, int] = {}
-    for c in sorted(set(causes.values())):
-        if view.phase[c] == "forward":
-            forward_of.setdefault((view.module[c], view.source[c]), c)
-            forward_of.setdefault((view.module[c], function_of(view.source[c])), c)
-    root = {}
-    for e, c in causes.items():
-        if view.phase[c] != "forward":
-            c = forward_of.get((view.module[c], view.source[c]),
-                               forward_of.get((view.module[c], function_of(view.source[c])), c))
-        root[e] = c
-    return root
-
-
-def _fix_frame(fixes: dict, group_fix: dict, hot: pd.DataFrame, hot_keys: pd.Series, backward: bool) -> pd.DataFrame:
-    """One row per fix with the hotspot bytes it removes, most saved first, numbered."""
+    tracer = analysis.CauseTracer(view, audit.facts(), audit.coverage())
+    backward = bool((ops["phase"] == "backward").any())
     rows = []
-    for key, spec in fixes.items():
-        mine = [g for g, k in group_fix.items() if k == key]
-        sel = hot[hot_keys.isin(mine)]
-        fwd = int(sel.loc[sel["phase"] == "forward", "bytes"].sum())
-        bwd = int(sel.loc[sel["phase"] != "forward", "bytes"].sum())
-        added = spec.pop("added_bytes", 0)
-        if added and backward:
-            added *= 2  # the region's edges convert gradients too
-        rows.append({**spec, "hotspots": len(sel), "count": int(sel["count"].sum()),
-                     "hotspot_bytes": fwd + bwd, "added_bytes": int(added), "bytes": fwd + bwd - int(added),
-                     "forward_bytes": fwd, "backward_bytes": bwd, "_key": key})
-    frame = pd.DataFrame(rows)
+    for cause in causes.itertuples():
+        spec = _fix_for(view, tracer, cause)
+        if spec is None:
+            continue
+        mine = hot[hot["cause"] == cause.cause]
+        fwd = int(mine.loc[mine["phase"] == "forward", "bytes"].sum())
+        bwd = int(mine.loc[mine["phase"] != "forward", "bytes"].sum())
+        removed = int(cause.bytes) if cause.kind == analysis.causes.WEIGHT else fwd + bwd
+        added = spec.pop("added_bytes", 0) * (2 if backward else 1)  # a region's edges convert gradients too
+        if removed - added <= 0:
+            continue  # only fixes that help
+        rows.append({**spec, "cause": cause.cause, "pattern": cause.pattern, "hotspots": len(mine),
+                     "count": int(mine["count"].sum()), "hotspot_bytes": removed, "added_bytes": int(added),
+                     "bytes": removed - int(added), "forward_bytes": fwd, "backward_bytes": bwd})
+    frame = pd.DataFrame(rows, columns=[c for c in FIX_COLUMNS if c != "fix"])
     frame = frame.sort_values(["bytes", "hotspot_bytes"], ascending=False, kind="stable", ignore_index=True)
     frame.insert(0, "fix", np.arange(1, len(frame) + 1))
-    return frame
+    number = dict(zip(frame["cause"], frame["fix"]))
+    out_hot = hot.copy()
+    out_hot["fix"] = np.array([number.get(c, 0) for c in hot["cause"]], dtype=np.int64)
+    return Fixes(frame[FIX_COLUMNS].astype({"fix": "int64", "cause": "int64"}), out_hot)
 
 
 class _Cause:
-    """What every fix rule reads about one cause event."""
+    """What every fix rule reads about one cause: its row of ``Audit.causes()`` and its first
+    event."""
 
-    def __init__(self, view: analysis.FlowView, c: int):
+    def __init__(self, view: analysis.FlowView, tracer: analysis.CauseTracer, row):
         ops = view.ops
-        self.view, self.e = view, c
-        self.op, self.module, self.source = view.op[c], view.module[c], view.source[c]
-        self.module_type = str(ops.at[c, "module_type"])
-        self.frm, self.to = str(ops.at[c, "from_format"]), str(ops.at[c, "to_format"])
+        self.view, self.tracer, self.row = view, tracer, row
+        self.e = _first_event(view, row)
+        self.op, self.module, self.source = row.op, row.module, row.source
+        self.module_type = row.module_type
+        self.pattern = row.pattern
         self.line = source_line(self.source) if self.source else ""
-        self.rank = _rank_of(view, c)
+        self.rank = _rank_of(view, self.e)
         self.cl_name = "channels_last_3d" if self.rank == 5 else "channels_last"
         self.packet = rules.op_packet(self.op)
-        self.what = f"{self.op} ({view.kind[c]} {self.frm} -> {self.to})"
+        e = self.e
+        self.what = f"{self.op} ({view.kind[e]} {ops.at[e, 'from_format']} -> {ops.at[e, 'to_format']})"
         self.base = {"module": self.module, "module_type": self.module_type, "op": self.op,
                      "source": self.source, "line": self.line, "suggestion": "", "region": ()}
 
 
-def _fix_for(view: analysis.FlowView, c: int) -> tuple[tuple, dict]:
-    """The fix for cause event ``c``: a key that merges causes one fix removes, and its row."""
-    cause = _Cause(view, c)
+def _first_event(view: analysis.FlowView, row) -> int:
+    """The first event at the cause's op and line (its module when no lines were recorded)."""
+    same = (view.op == row.op) & (view.phase == row.phase)
+    same &= (view.source == row.source) if row.source else (view.module == row.module)
+    hits = np.flatnonzero(same)
+    return int(hits[0]) if len(hits) else 0
+
+
+def _fix_for(view, tracer, row) -> dict | None:
+    """The fix for one cause, or None when no fix is known to help."""
+    cause = _Cause(view, tracer, row)
     for rule in _RULES:
         found = rule(cause)
         if found is not None:
             return found
-    raise AssertionError("the region rule always answers")
+    return None
 
 
 def _channel_shuffle_fix(c: _Cause):
-    if c.packet not in rules.COPY_OPS or not _is_channel_shuffle(c.view, c.e, c.line, c.rank):
+    if c.pattern != "channel_shuffle":
         return None
     module_name, func = enclosing_function(c.source)
     if module_name and func:
@@ -226,7 +220,7 @@ def _channel_shuffle_fix(c: _Cause):
     else:
         action, suggestion = EDIT, "x = torch.nn.functional.channel_shuffle(x, groups)"
         where = f"{func or 'this code'} is a channel shuffle"
-    return ("edit", c.source), {
+    return {
         **c.base, "action": action, "suggestion": suggestion,
         "detail": f"{where} written as view -> transpose -> .contiguous() -> view, which writes "
                   f"contiguous order ({c.what}); torch.nn.functional.channel_shuffle (nn.ChannelShuffle) "
@@ -235,65 +229,95 @@ def _channel_shuffle_fix(c: _Cause):
 
 
 def _explicit_copy_fix(c: _Cause):
-    if c.packet not in rules.COPY_OPS or _feeds_reshape(c.view, c.e) or base_format(c.to) != "contiguous":
+    if c.pattern != "explicit_copy":
         return None
     if not c.source:
-        return ("edit", c.module, c.op), {
+        return {
             **c.base, "action": EDIT,
             "detail": f"{c.what} in {c.module}: a .contiguous() or .to(memory_format=...) copies the activation "
                       f"to contiguous; give it memory_format=torch.{c.cl_name} (audit with record_source=True "
                       "for the line)",
         }
     fixed = keep_format_in_line(c.line, c.cl_name)
+    frm = str(c.view.ops.at[c.e, "from_format"])
     detail = (f"{c.what} copies the activation into contiguous order between two convolutions; "
               f"keep it {c.cl_name}" + (" (or remove the call: its input is already dense "
-                                        f"{c.cl_name})" if c.frm == c.cl_name else ""))
+                                        f"{c.cl_name})" if frm == c.cl_name else ""))
     if not fixed:
         detail += f": give this copy memory_format=torch.{c.cl_name}"
-    return ("edit", c.source), {**c.base, "action": EDIT, "suggestion": fixed, "detail": detail}
+    return {**c.base, "action": EDIT, "suggestion": fixed, "detail": detail}
+
+
+#: Patterns whose fix is a rewrite of the cause's line, and what to write.
+_REWRITES = {
+    "channel_slice": "x1, x2 = x.split([k, x.shape[1] - k], dim=1)  # instead of x[:, :k], x[:, k:]",
+    "stack_reduce": "y = a + b  # (or a weighted sum) instead of torch.stack([a, b], 1) reduced over dim 1",
+    "nc11_broadcast": "y = p.expand(-1, -1, h, w).contiguous(memory_format=torch.{cl})  # instead of interpolating p",
+    "mean_backward": "s = F.avg_pool2d(x, x.shape[-2:])  # instead of x.mean((2, 3), keepdim=True)",
+    "inplace_view": "y = y + z  # instead of y += z on a view",
+    "weight_rebuilt": "w = (w - w.sum(dims, keepdim=True) / n) ...  # elementwise on the {cl} parameter, no reshape",
+}
+
+
+def _rewrite_fix(c: _Cause):
+    template = _REWRITES.get(c.pattern)
+    if template is None:
+        return None
+    return {**c.base, "action": EDIT, "suggestion": template.format(cl=c.cl_name), "detail": c.row.fix}
 
 
 def _module_swap_fix(c: _Cause):
-    if not any(typ.__name__ == c.module_type for typ in SWAPS):
+    if c.pattern != "no_cl_kernel" or not any(typ.__name__ == c.module_type for typ in SWAPS):
         return None
     factory = next(f for typ, (_, f) in SWAPS.items() if typ.__name__ == c.module_type)
     name = c.module
-    return ("swap", name), {
+    return {
         **c.base, "action": SWAP,
         "suggestion": f"{module_expr(name)} = {factory}({module_expr(name)})",
-        "detail": f"{c.module_type} has no {c.cl_name} kernel on this device: {c.what}; "
-                  "the replacement computes the same values in the same format",
+        "detail": f"{c.row.fix} ({c.what}); the replacement computes the same values in the same format",
     }
 
 
 def _conv_weight_fix(c: _Cause):
-    if not c.view.is_conv[c.e]:
+    if c.pattern != "weight_format":
         return None
-    return ("conv", c.module), {
+    return {
         **c.base, "action": WEIGHT,
         "suggestion": f"auditor.fix.convert_conv{c.rank - 2}d_weight_memory_format({module_expr(c.module)}, "
                       f"torch.{c.cl_name})",
-        "detail": f"{c.module} computes in {c.frm} and hands its result to a {c.cl_name} convolution; "
-                  "run it in the model's format",
+        "detail": f"{c.module} stores its weight in another format than it computes in and permutes it every "
+                  f"step ({c.what}); store it {c.cl_name}",
     }
 
 
 def _region_fix(c: _Cause):
+    if c.pattern not in ("no_cl_kernel", "reshape_merge", "conv_no_kernel", "loses"):
+        return None
     region, added = _region_around(c.view, c.e)
+    if not region:
+        return None
     names = ", ".join(repr(n) for n in region)
     why = ("a reshape that merges C with another dimension must copy a channels_last tensor"
-           if c.packet in rules.COPY_OPS else f"{c.module_type or 'this op'} has no {c.cl_name} kernel on this device")
-    return ("region", region or (c.module, c.op)), {
+           if c.pattern == "reshape_merge" else c.row.fix)
+    return {
         **c.base, "action": REGION, "region": region,
-        "suggestion": f"auditor.fix.keep_contiguous(model, [{names}])" if region else "",
+        "suggestion": f"auditor.fix.keep_contiguous(model, [{names}])",
         "detail": f"{why}: {c.what}; run the convolutions around it contiguous so no copy is needed "
                   f"(or let auditor.plan_layout measure whether that pays)",
         "added_bytes": added,
     }
 
 
-#: The fix rules, most specific first; the region rule always answers.
-_RULES = (_channel_shuffle_fix, _explicit_copy_fix, _module_swap_fix, _conv_weight_fix, _region_fix)
+#: The fix rules, most specific first.
+_RULES = (_channel_shuffle_fix, _explicit_copy_fix, _module_swap_fix, _conv_weight_fix, _rewrite_fix, _region_fix)
+
+
+def _check_changeable(model) -> None:
+    if isinstance(model, torch.jit.ScriptModule):
+        raise TypeError("Fixes.apply cannot change a TorchScript module in place: apply the fixes to the "
+                        "Python model, then script it again")
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"Fixes.apply expects an nn.Module, got {type(model).__name__}")
 
 
 def _rank_of(view: analysis.FlowView, e: int) -> int:
@@ -308,18 +332,6 @@ def _rank_of(view: analysis.FlowView, e: int) -> int:
     return 4
 
 
-def _is_channel_shuffle(view: analysis.FlowView, c: int, line: str, rank: int) -> bool:
-    """A copy of a (N, g, C/g, H, W) transposed view: the classic channel shuffle."""
-    rows = view.act_rows.get(c, [])
-    return bool(rows) and int(view.tensors["ndim"].to_numpy()[rows[0]]) == rank + 1 and (
-        "transpose" in line or "permute" in line)
-
-
-def _feeds_reshape(view: analysis.FlowView, c: int) -> bool:
-    """A copy whose only purpose is a reshape that channels_last cannot view (merging C)."""
-    return any(rules.op_packet(view.op[x]) in _RESHAPES for x in view.consumers.get(c, []))
-
-
 def _region_around(view: analysis.FlowView, c: int) -> tuple[tuple[str, ...], int]:
     """The convolutions on both sides of cause ``c`` (found in forward), and the bytes the
     region's edges would then convert, per phase."""
@@ -330,6 +342,8 @@ def _region_around(view: analysis.FlowView, c: int) -> tuple[tuple[str, ...], in
             return (), 0
         e = int(same[0])
     convs = view.upstream_convs(e) | view.downstream_convs(e)
+    if view.is_conv[e]:
+        convs |= {e}
     names = sorted({view.module[x] for x in convs if str(view.ops.at[x, "module_type"]).startswith(("Conv", "ConvTranspose"))},
                    key=lambda n: min(x for x in convs if view.module[x] == n))
     if not names:

@@ -12,23 +12,26 @@ import pandas as pd
 
 from ..recording import rules
 from ..recording.formats import CHANNELS_LAST, CHANNELS_LAST_3D, LABELS, VIEW_SUFFIX
-from .activations import activation_inputs, floating_rows
+from .activations import activation_inputs, floating_rows, image_facts, parse_tuple
 
 _CL_LABELS = (CHANNELS_LAST, CHANNELS_LAST_3D, CHANNELS_LAST + VIEW_SUFFIX, CHANNELS_LAST_3D + VIEW_SUFFIX)
 #: Signature width handled by the vectorised path; wider ops (foreach, long cats) go one by one.
 _WIDE = 12
 
 
-def classify(events: pd.DataFrame, tensors: pd.DataFrame) -> pd.DataFrame:
+def classify(events: pd.DataFrame, tensors: pd.DataFrame, facts: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per event: ``kind`` (see :data:`auditor.rules.KINDS`), ``bytes`` moved into
     another layout, ``from_format``/``to_format``, ``is_conv`` and ``cl_input`` (the op read a
-    channels_last activation)."""
+    channels_last image). ``facts`` is :func:`~.activations.image_facts` of the log, computed
+    here when not given."""
     n = len(events)
     ops = events["op"].cat.categories
     op_codes = events["op"].cat.codes.to_numpy()
     floating = floating_rows(tensors)
-    rows = _EventRows(tensors, n, floating)
-    sig, wide = _event_signatures(op_codes, rows, _tensor_signatures(tensors, floating))
+    if facts is None:
+        facts = image_facts(events, tensors)
+    rows = _EventRows(tensors, n, floating, facts)
+    sig, wide = _event_signatures(op_codes, rows, _tensor_signatures(tensors, floating, facts))
     verdicts = _Verdicts(n)
     narrow = ~wide
     if narrow.any():
@@ -41,7 +44,11 @@ def classify(events: pd.DataFrame, tensors: pd.DataFrame) -> pd.DataFrame:
         verdicts.set(int(e), rows.verdict(ops[op_codes[e]], int(e)))
     seq = tensors["seq"].to_numpy()
     cl_in = np.zeros(n, dtype=bool)
-    cl_in[seq[activation_inputs(tensors, floating) & tensors["format"].isin(_CL_LABELS).to_numpy()]] = True
+    is_in = (tensors["role"] == "input").to_numpy()
+    cl_effective = np.isin(facts["effective"].to_numpy(), _CL_LABELS)
+    is_conv = np.array([rules.is_convolution(o) for o in ops] + [False], dtype=bool)[op_codes] if n else np.zeros(0, bool)
+    conv_input = is_conv[seq] & activation_inputs(tensors, floating)  # always an image to its convolution
+    cl_in[seq[is_in & (facts["image"].to_numpy() | conv_input) & cl_effective]] = True
     labels = ["", *LABELS]
     return pd.DataFrame(
         {
@@ -49,31 +56,34 @@ def classify(events: pd.DataFrame, tensors: pd.DataFrame) -> pd.DataFrame:
             "bytes": verdicts.moved,
             "from_format": pd.Categorical(verdicts.src, categories=labels),
             "to_format": pd.Categorical(verdicts.dst, categories=labels),
-            "is_conv": np.array([rules.is_convolution(o) for o in ops], dtype=bool)[op_codes]
-            if n
-            else np.zeros(0, bool),
+            "is_conv": is_conv,
             "cl_input": cl_in,
         },
         index=events.index,
     )
 
 
-def _tensor_signatures(tensors: pd.DataFrame, floating: np.ndarray) -> np.ndarray:
-    """A code per distinct (role, position, arg, format, is_param, is_view, floating, bytes).
+def _tensor_signatures(tensors: pd.DataFrame, floating: np.ndarray, facts: pd.DataFrame) -> np.ndarray:
+    """A code per distinct (role, position, arg, format, is_param, is_view, floating, bytes,
+    shape and strides, and the data flow's facts).
 
     The fields are packed into one int64 so that a single hash factorisation does the work.
     """
     if not len(tensors):
         return np.zeros(0, np.int64)
+    fact_code = pd.factorize(pd.MultiIndex.from_frame(facts))[0].astype(np.int64)
+    layout = pd.factorize(pd.MultiIndex.from_arrays([tensors["shape"].cat.codes, tensors["strides"].cat.codes]))[0]
     fields = [
         (tensors["role"].cat.codes.to_numpy().astype(np.int64), 1),
         (tensors["position"].to_numpy().astype(np.int64) + 1, 10),
-        (tensors["arg"].cat.codes.to_numpy().astype(np.int64) + 1, 12),
+        (tensors["arg"].cat.codes.to_numpy().astype(np.int64) + 1, 8),
         (tensors["format"].cat.codes.to_numpy().astype(np.int64) + 1, 4),
         (tensors["is_param"].to_numpy().astype(np.int64), 1),
         (tensors["is_view"].to_numpy().astype(np.int64), 1),
         (floating.astype(np.int64), 1),
-        (pd.factorize(tensors["bytes"].to_numpy())[0].astype(np.int64), 32),
+        (pd.factorize(tensors["bytes"].to_numpy())[0].astype(np.int64), 14),
+        (layout.astype(np.int64), 14),
+        (fact_code, 8),
     ]
     if all(int(v.max()) < (1 << bits) and int(v.min()) >= 0 for v, bits in fields):
         key = np.zeros(len(tensors), dtype=np.int64)
@@ -87,7 +97,7 @@ class _EventRows:
     """Each event's tensor rows (grouped by ``seq``, in recording order), and the rule's view
     of them."""
 
-    def __init__(self, tensors: pd.DataFrame, n: int, floating: np.ndarray):
+    def __init__(self, tensors: pd.DataFrame, n: int, floating: np.ndarray, facts: pd.DataFrame):
         seq = tensors["seq"].to_numpy()
         self.counts = np.bincount(seq, minlength=n)
         self.starts = np.concatenate([[0], np.cumsum(self.counts)[:-1]]) if n else np.zeros(0, np.int64)
@@ -102,12 +112,24 @@ class _EventRows:
         self.is_view = tensors["is_view"].to_numpy()
         self.nbytes = tensors["bytes"].to_numpy()
         self.floating = floating
+        shapes, strides = tensors["shape"].cat.categories, tensors["strides"].cat.categories
+        self.shape_of = [parse_tuple(str(x)) for x in shapes]
+        self.strides_of = [parse_tuple(str(x)) for x in strides]
+        self.shape = tensors["shape"].cat.codes.to_numpy()
+        self.strides = tensors["strides"].cat.codes.to_numpy()
+        self.image = facts["image"].to_numpy()
+        self.cdim = facts["cdim"].to_numpy()
+        self.image_rank = facts["rank"].to_numpy()
+        self.label = facts["label"].to_numpy()
+        self.effective = facts["effective"].to_numpy()
 
     def verdict(self, op: str, event: int) -> rules.Verdict:
         lo = self.starts[event]
         sigs = tuple(
-            rules.TensorSig(self.role[i], int(self.position[i]), self.arg[i], self.fmt[i], bool(self.is_param[i]),
-                            bool(self.is_view[i]), int(self.nbytes[i]), bool(self.floating[i]))
+            rules.TensorSig(self.role[i], int(self.position[i]), self.arg[i], self.label[i], bool(self.is_param[i]),
+                            bool(self.is_view[i]), int(self.nbytes[i]), bool(self.floating[i]),
+                            self.shape_of[self.shape[i]], self.strides_of[self.strides[i]], bool(self.image[i]),
+                            int(self.cdim[i]), int(self.image_rank[i]), self.effective[i])
             for i in range(lo, lo + self.counts[event])
         )
         return rules.classify(op, sigs)
