@@ -18,7 +18,7 @@ def audit(
     loss_fn: Callable | None = None,
     optimizer: torch.optim.Optimizer | None = None,
     strict: bool = False,
-    record_source: bool = False,
+    record_source: bool = True,
     record_time: bool = False,
     fake: bool = False,
     device: torch.device | str | None = None,
@@ -28,7 +28,8 @@ def audit(
 
     The step is the forward pass, then (``backward=True``) ``loss_fn(output).backward()``, where
     the default loss is ``output.sum()``, then ``optimizer.step()`` when an optimizer is given.
-    Exceptions from the model propagate; ``strict=True`` raises at the first loss.
+    Exceptions from the model propagate; ``strict=True`` raises at the first loss. Source
+    lines are recorded by default, since causes name the line to change.
 
     ``fake=True`` runs the step on fake tensors (:mod:`auditor.fake`): parameters, buffers and
     inputs become fakes on ``device`` and, for floating tensors, ``dtype`` (by default the

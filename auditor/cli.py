@@ -316,7 +316,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run on fake tensors: the target's layout rules without its memory or compute")
     p.add_argument("--strict", action="store_true",
                    help="stop at the first op that loses channels_last and exit with status 1")
-    p.add_argument("--record-source", action="store_true", help="record the source line of each op")
+    p.add_argument("--record-source", action=argparse.BooleanOptionalAction, default=True,
+                   help="record the source line of each op (the causes name their lines)")
     p.add_argument("--record-time", action="store_true", help="record the wall time of each op")
     p.add_argument("--depth", type=at_least_one("--depth"), default=1,
                    help="module depth of the summary and heatmap (default: %(default)s)")
@@ -415,8 +416,7 @@ class Target:
         is the user's model or input failing."""
         args, fmt = self.args, self.memory_format
         options = {"backward": not args.no_backward, "strict": args.strict}
-        if args.record_source or args.fix:
-            options["record_source"] = True
+        options["record_source"] = args.record_source or args.fix
         if args.record_time:
             options["record_time"] = True
         with blame(UsageError, f"{spec} failed on input {','.join(map(str, dims))} {args.dtype}"):

@@ -389,18 +389,43 @@ def _bars_by_source(audit: Audit) -> pd.DataFrame:
     return g
 
 
+def _bars_by_cause(audit: Audit) -> pd.DataFrame:
+    """One bar per cause (``Audit.causes()``): the hotspot groups it leads to, summed by kind."""
+    hot = audit.hotspots()
+    causes = audit.causes()
+    if hot.empty or causes.empty:
+        return _bars_by_group(audit)
+    kinds = _kind_bytes(hot, ["cause"])
+    bars = causes.set_index("cause").join(kinds).fillna({k: 0 for k in KIND_COLUMNS}).reset_index()
+    for k in KIND_COLUMNS:
+        bars[k] = bars[k].astype(np.int64)
+    # a weight's cost includes its rebuilding copy, which is no hotspot: show it as a conversion
+    bars[rules.CONVERTS] += bars["bytes"] - bars[list(KIND_COLUMNS)].sum(axis=1)
+    groups = hot.groupby("cause").size()
+    bars["groups"] = bars["cause"].map(groups).fillna(0).astype(np.int64)
+    where = _short_sources(bars["source"])
+    bars["label"] = [
+        "  ".join(x for x in (f"{r.cause}. {r.pattern}", shorten(r.op.removeprefix("aten."), _MAX_OP),
+                              where.get(r.source, "") or _short_module(r.module, _MAX_BAR_MODULE)) if x)
+        for r in bars.itertuples()
+    ]
+    return bars
+
+
 #: ``top_hotspots(by=...)``: how hotspot groups are put together into bars. Each returns the
 #: bars largest first, with ``label``, ``bytes``, ``groups`` and bytes per kind.
 BAR_GROUPINGS: dict[str, Callable[[Audit], pd.DataFrame]] = {
+    "cause": _bars_by_cause,
     "group": _bars_by_group,
     "source": _bars_by_source,
 }
 
 
-def top_hotspots_data(audit: Audit, n: int = 10, by: str = "group") -> pd.DataFrame:
-    """The ``n`` largest bars of :func:`top_hotspots`: one per hotspot group (``by="group"``,
-    the rows of ``Audit.hotspots()``) or per source line (``by="source"``), with the bar's
-    ``label`` and its bytes per kind."""
+def top_hotspots_data(audit: Audit, n: int = 10, by: str = "cause") -> pd.DataFrame:
+    """The ``n`` largest bars of :func:`top_hotspots`: one per cause (``by="cause"``, the rows
+    of ``Audit.causes()`` with their symptoms), per hotspot group (``by="group"``, the rows of
+    ``Audit.hotspots()``) or per source line (``by="source"``), with the bar's ``label`` and
+    its bytes per kind."""
     if n < 1:
         raise ValueError(f"n must be at least 1, got {n}")
     if by not in BAR_GROUPINGS:
@@ -408,10 +433,10 @@ def top_hotspots_data(audit: Audit, n: int = 10, by: str = "group") -> pd.DataFr
     return BAR_GROUPINGS[by](audit).head(n).reset_index(drop=True)
 
 
-def top_hotspots(audit: Audit, n: int = 10, by: str = "group") -> Figure:
-    """A bar chart of the ``n`` hotspot groups (or source lines, ``by="source"``) that move the
-    most bytes. Each bar names its phase, module, op and source line, so that groups from one
-    line read apart; bars are coloured (stacked) by kind."""
+def top_hotspots(audit: Audit, n: int = 10, by: str = "cause") -> Figure:
+    """A bar chart of the ``n`` causes (or hotspot groups, ``by="group"``; source lines,
+    ``by="source"``) that move the most bytes, each with its symptoms. Each bar names what
+    and where; bars are coloured (stacked) by the kind of the hotspots."""
     bars = top_hotspots_data(audit, n, by)
     if bars.empty:
         return _no_hotspots_figure("Top hotspots", f"{_ops_line(audit)}; nothing to rank")
@@ -435,7 +460,7 @@ def top_hotspots(audit: Audit, n: int = 10, by: str = "group") -> Figure:
     ax.set_xlabel(quantity.label)
     quantity.format_axis(ax.xaxis)
     ax.set_xlim(0, bars["bytes"].max() * 1.35)
-    what = {"group": "hotspot groups", "source": "source lines"}.get(by, f"hotspots by {by}")
+    what = {"cause": "causes", "group": "hotspot groups", "source": "source lines"}.get(by, f"hotspots by {by}")
     ax.set_title(f"Top {len(bars)} {what}", fontsize=10, loc="left")
     ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=len(kinds), fontsize=7, frameon=False)
     return fig

@@ -94,9 +94,10 @@ class Audit:
         return analysis.coverage(self.ops(), self.tensors)
 
     def report(self, top: int = 10, depth: int = 1) -> str:
-        """A one-screen text report: totals, top hotspots and the modules that cost most."""
-        return audit_report(self.ops(), self.hotspots(), self.summary(depth), complete=self.complete,
-                            error=self.error, top=top, depth=depth)
+        """A one-screen text report: totals, the ``top`` causes with their symptoms folded under
+        them, and the modules at ``depth`` that cost most."""
+        return audit_report(self.ops(), self.hotspots(), self.summary(depth), self.causes(),
+                            complete=self.complete, error=self.error, top=top, depth=depth)
 
     def __repr__(self) -> str:
         state = "complete" if self.complete else "incomplete"
@@ -106,6 +107,11 @@ class Audit:
         return preformatted_html(self.report())
 
 
-def diff(before: Audit, after: Audit, include_unchanged: bool = False) -> pd.DataFrame:
-    """Hotspot groups that appeared, vanished or changed between two audits."""
+def diff(before: Audit, after: Audit, include_unchanged: bool = False, by: str = "group") -> pd.DataFrame:
+    """What appeared, vanished or changed between two audits: hotspot groups (``by="group"``)
+    or causes (``by="cause"``, with the hotspots and bytes each leads to)."""
+    if by == "cause":
+        return analysis.diff_causes(before.causes(), after.causes(), include_unchanged)
+    if by != "group":
+        raise ValueError(f"by is 'group' or 'cause', got {by!r}")
     return analysis.diff(before.hotspots(), after.hotspots(), include_unchanged)

@@ -10,6 +10,7 @@ outside the timed region. Variants:
 * ``bare mode``: a ``TorchDispatchMode`` whose ``__torch_dispatch__`` only calls the op, the
   floor for any tool built on a Python dispatch mode;
 * ``FormatAuditor``: this library;
+* ``+source``: the same with ``record_source=True`` (what ``auditor.audit`` records by default);
 * ``profiler+shapes``: ``torch.profiler.profile(record_shapes=True)``, CPU activity;
 * ``DebugMode``: ``torch.utils._debug_mode.DebugMode()`` with its defaults.
 
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import gc
 import statistics
 import sys
@@ -50,6 +52,7 @@ except ImportError:  # run from a checkout without the editable install
 from torch.utils._debug_mode import DebugMode
 
 MAX_RATIO_TO_BARE = 1.10
+MAX_SOURCE_COST = 1.15  # recording source lines, against recording without them
 MAX_BYTES_PER_EVENT = 200
 WARMUP_ROUNDS = 2
 MIN_RUNS = 7
@@ -85,6 +88,7 @@ VARIANTS = {
     "plain": contextlib.nullcontext,
     "bare mode": BareMode,
     "FormatAuditor": auditor.FormatAuditor,
+    "+source": functools.partial(auditor.FormatAuditor, record_source=True),
     "profiler+shapes": profiler_with_shapes,
     "DebugMode": DebugMode,
 }
@@ -220,6 +224,7 @@ def main(argv=None) -> int:
 
     fa_steps, fa_totals, _ = times["FormatAuditor"]
     fa_step_ratio = paired(fa_steps, bare_steps)
+    source_ratio = paired(times["+source"][0], fa_steps)
     fa_vs_profiler = paired(fa_totals, times["profiler+shapes"][1])
     checks = [
         (
@@ -233,6 +238,11 @@ def main(argv=None) -> int:
             fa_vs_profiler <= 1.0,
             f"{fa_vs_profiler:.3f}x ({med['FormatAuditor'][1]:.1f} ms vs {med['profiler+shapes'][1]:.1f} ms "
             f"medians; steps {med['FormatAuditor'][0]:.1f} vs {med['profiler+shapes'][0]:.1f})",
+        ),
+        (
+            f"source lines cost <= {MAX_SOURCE_COST:.2f}x FormatAuditor without them (paired step)",
+            source_ratio <= MAX_SOURCE_COST,
+            f"{source_ratio:.3f}x",
         ),
         (
             f"DataFrame memory <= {MAX_BYTES_PER_EVENT} bytes/event",

@@ -259,7 +259,7 @@ class Conv3dBatch1(nn.Module):
         self.c = nn.Conv3d(8, 8, 3, padding=1)
 
     def forward(self, x):
-        return self.c(torch.relu(self.a(x)))
+        return self.c(torch.relu(self.a(x)))  # planted: convolutions without a channels_last_3d kernel
 
 
 class StandardizedConv(nn.Conv2d):
@@ -275,8 +275,8 @@ class StandardizedConv(nn.Conv2d):
             d = w - w.sum((1, 2, 3), keepdim=True) / n
             w = d * torch.rsqrt((d * d).sum((1, 2, 3), keepdim=True) / n + 1e-5)
         else:
-            w = F.batch_norm(w.reshape(1, self.out_channels, -1), None, None, training=True, momentum=0.0,
-                             eps=1e-5).reshape_as(w)  # planted: a contiguous weight every step
+            flat = w.reshape(1, self.out_channels, -1)  # planted: copies the channels_last weight contiguous
+            w = F.batch_norm(flat, None, None, training=True, momentum=0.0, eps=1e-5).reshape_as(w)
         return F.conv2d(x, w, self.bias, self.stride, self.padding)
 
 

@@ -132,8 +132,8 @@ def fidelity():
     def get(name: str) -> tuple[Fidelity, bool]:
         if name not in cache:
             model, x = zoo_model(name)
-            fake = auditor.audit(model, x, fake=True)  # first: the real step leaves gradients
-            real = auditor.audit(model, x)
+            fake = auditor.audit(model, x, fake=True, record_source=False)  # first: the real step leaves gradients
+            real = auditor.audit(model, x, record_source=False)
             same_hotspots = real.hotspots().equals(fake.hotspots())
             cache[name] = (compare(real, fake), same_hotspots)
         return cache[name]
@@ -198,8 +198,8 @@ def test_fidelity_over_the_zoo(fidelity, capsys):
 def test_planted_models_fake_equals_real(name):
     """The planted breaks: identical events and hotspots; tensors differ only where pinned."""
     model, x = make(name)
-    fake = auditor.audit(model, x, fake=True)
-    real = auditor.audit(model, x)
+    fake = auditor.audit(model, x, fake=True, record_source=False)
+    real = auditor.audit(model, x, record_source=False)
     assert_frame_equal(fake.events, real.events)
     assert_frame_equal(fake.hotspots(), real.hotspots())
     fid = compare(real, fake)
@@ -209,8 +209,8 @@ def test_planted_models_fake_equals_real(name):
 
 def test_fake_parameters_are_logged_as_parameters():
     model, x = make("clean")
-    fake = auditor.audit(model, x, fake=True)
-    real = auditor.audit(model, x)
+    fake = auditor.audit(model, x, fake=True, record_source=False)
+    real = auditor.audit(model, x, record_source=False)
     assert fake.tensors["is_param"].sum() == real.tensors["is_param"].sum() > 0
 
 
@@ -257,8 +257,10 @@ def test_model_and_optimizer_are_not_modified(device, dtype):
 def test_optimizer_step_matches_real():
     """The optimizer phase too: SGD with momentum, the same ops as a real step on CPU."""
     model, x = make("clean")
-    fake = auditor.audit(model, x, fake=True, optimizer=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
-    real = auditor.audit(model, x, optimizer=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    fake = auditor.audit(model, x, fake=True, record_source=False,
+                         optimizer=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    real = auditor.audit(model, x, record_source=False,
+                         optimizer=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
     assert (real.events["phase"] == "other").sum() > 0
     assert_frame_equal(fake.events, real.events)
 
@@ -320,15 +322,15 @@ def test_hiding_the_device_from_autograd_changes_no_op(monkeypatch):
     """The meta answers given to autograd's bookkeeping change nothing that is recorded: forced
     on for a CPU target, the whole step is the same; off for a cuda forward, the same again."""
     model, x = zoo_model("shufflenet_v2_x0_5")
-    plain = auditor.audit(model, x, fake=True)
+    plain = auditor.audit(model, x, fake=True, record_source=False)
     monkeypatch.setattr(fake_module, "_ACCELERATORS", ("cuda", "cpu"))
-    hidden = auditor.audit(model, x, fake=True)
+    hidden = auditor.audit(model, x, fake=True, record_source=False)
     assert_frame_equal(plain.events, hidden.events)
     assert_frame_equal(plain.tensors, hidden.tensors)
     monkeypatch.setattr(fake_module, "_ACCELERATORS", ())
-    shown = auditor.audit(model, x, fake=True, device="cuda", backward=False)
+    shown = auditor.audit(model, x, fake=True, device="cuda", backward=False, record_source=False)
     monkeypatch.setattr(fake_module, "_ACCELERATORS", ("cuda",))
-    hidden = auditor.audit(model, x, fake=True, device="cuda", backward=False)
+    hidden = auditor.audit(model, x, fake=True, device="cuda", backward=False, record_source=False)
     assert_frame_equal(shown.events, hidden.events)
     assert_frame_equal(shown.tensors, hidden.tensors)
 

@@ -318,7 +318,7 @@ def test_region_fix_names_the_convolutions_around_the_break(fixes):
 
 def test_source_edit_without_record_source_says_how_to_get_the_line():
     model, x = make("explicit_contiguous")
-    f = fix.suggest_fixes(auditor.audit(model, x))
+    f = fix.suggest_fixes(auditor.audit(model, x, record_source=False))
     row = f.frame.iloc[0]
     assert row["action"] == fix.EDIT and row["source"] == "" and "record_source=True" in row["detail"]
 

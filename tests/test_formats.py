@@ -2,10 +2,9 @@
 
 import pytest
 import torch
+from auditor.formats import format_label, is_dense, nbytes, physical_order
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from auditor.formats import format_label, is_dense, nbytes, physical_order
 
 CL, CL3 = torch.channels_last, torch.channels_last_3d
 

@@ -274,13 +274,13 @@ def test_timeline_names_the_top_level_modules(softmax_audit, two_breaks_audit):
 def test_top_hotspots_name_phase_module_op_and_line(two_breaks_audit):
     a = two_breaks_audit
     hot = a.hotspots()
-    bars = plot.top_hotspots_data(a, n=20)
+    bars = plot.top_hotspots_data(a, n=20, by="group")
     assert len(bars) == len(hot) and bars["bytes"].tolist() == hot["bytes"].tolist()
     assert bars["label"].is_unique
     for label, r in zip(bars["label"], hot.itertuples(), strict=True):
         line = r.source.rsplit(":", 1)[1]
         assert label.split("  ") == [r.phase, r.module, r.op.removeprefix("aten."), f"test_plot.py:{line}"]
-    fig = plot.top_hotspots(a, n=20)
+    fig = plot.top_hotspots(a, n=20, by="group")
     renderer = draw(fig)
     ax = fig.axes[0]
     assert top_down(ax) == bars["label"].tolist()  # largest on top
@@ -301,16 +301,18 @@ def test_top_hotspots_name_phase_module_op_and_line(two_breaks_audit):
     draw(fig)
     assert top_down(fig.axes[0]) == by_line["label"].tolist()
     assert len(plot.top_hotspots_data(a, n=2, by="source")) == 2
-    with pytest.raises(ValueError, match="by must be one of 'group', 'source'"):
+    with pytest.raises(ValueError, match="by must be one of 'cause', 'group', 'source'"):
         plot.top_hotspots(a, by="module")
     with pytest.raises(ValueError, match="n must be"):
         plot.top_hotspots_data(a, n=0)
 
 
-def test_top_hotspots_by_source_needs_source_lines(softmax_audit):
+def test_top_hotspots_by_source_needs_source_lines():
+    model, x = make("softmax")
+    without = auditor.audit(model, x, record_source=False)
     with pytest.raises(ValueError, match="record_source=True"):
-        plot.top_hotspots(softmax_audit, by="source")
-    labels = plot.top_hotspots_data(softmax_audit)["label"]
+        plot.top_hotspots(without, by="source")
+    labels = plot.top_hotspots_data(without, by="group")["label"]
     assert labels.str.split("  ").str.len().eq(3).all()  # phase, module, op: no empty source
 
 
@@ -349,8 +351,9 @@ def test_every_label_fits_inside_the_figure(broken_densenet_audit, depth):
         "timeline": plot.format_timeline(a, depth=depth),
     }
     if depth == 1:
-        figures |= {"top": plot.top_hotspots(a), "top by source": plot.top_hotspots(a, by="source")}
-        bars = plot.top_hotspots_data(a, n=20)["label"]
+        figures |= {"top": plot.top_hotspots(a, by="group"), "top by source": plot.top_hotspots(a, by="source"),
+                    "top by cause": plot.top_hotspots(a)}
+        bars = plot.top_hotspots_data(a, n=20, by="group")["label"]
         assert bars.is_unique and len(bars) == len(a.hotspots())
         assert {"denseblock1.denselayer2", "denseblock3.denselayer20"} <= {
             ".".join(label.split("  ")[1].split(".")[1:3]) for label in bars}  # the block is kept
@@ -385,10 +388,26 @@ def test_top_hotspots_on_shufflenet_tell_groups_of_one_line_apart():
     torch.manual_seed(0)
     model = torchvision.models.shufflenet_v2_x0_5(weights=None).to(memory_format=torch.channels_last)
     a = auditor.audit(model, torch.randn(2, 3, 32, 32).to(memory_format=torch.channels_last), record_source=True)
-    fig = plot.top_hotspots(a)
+    fig = plot.top_hotspots(a, by="group")
     draw(fig)
     labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
     assert len(labels) == 10 and len(set(labels)) == 10
     assert all(re.search(r"  shufflenetv2\.py:\d+$", t) for t in labels), labels
     by_line = plot.top_hotspots_data(a, n=100, by="source")
     assert len(by_line) == a.hotspots()["source"].nunique() and by_line["bytes"].sum() == a.hotspots()["bytes"].sum()
+
+
+def test_top_chart_groups_by_cause_by_default():
+    """One bar per cause, its symptoms summed: shufflenet's one channel-shuffle line is one bar."""
+    torch.manual_seed(0)
+    model = torchvision.models.shufflenet_v2_x0_5(weights=None).to(memory_format=torch.channels_last)
+    a = auditor.audit(model, torch.randn(2, 3, 32, 32).to(memory_format=torch.channels_last))
+    causes = a.causes()
+    bars = plot.top_hotspots_data(a)
+    assert len(bars) == len(causes) >= 1
+    assert bars["bytes"].tolist() == causes["bytes"].tolist()
+    assert bars["groups"].sum() == len(a.hotspots())
+    assert bars["label"].iloc[0].startswith(f"1. {causes['pattern'].iloc[0]}")
+    fig = plot.top_hotspots(a)
+    draw(fig)
+    assert fig.axes[0].get_title(loc="left").startswith(f"Top {len(bars)} causes")

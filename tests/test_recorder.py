@@ -12,12 +12,12 @@ import pytest
 import torch
 import torch.nn as nn
 import torchvision
+from auditor.log import EVENT_COLUMNS, TENSOR_COLUMNS
 from pandas.testing import assert_frame_equal
 from planted import make
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
 import auditor
-from auditor.log import EVENT_COLUMNS, TENSOR_COLUMNS
 
 CL = torch.channels_last
 
@@ -330,8 +330,13 @@ def test_source_lines_forward_and_backward():
     conv_bw = ev[(ev["op"] == "aten.convolution_backward.default") & (ev["module"] == "conv2")].iloc[0]
     assert conv_fw["source"] and conv_bw["source"] == conv_fw["source"]
     assert "torch" not in conv_fw["source"].split(":")[0].split("/")[-3:-1]
-    # off by default
-    assert (auditor.audit(model, x).events["source"] == "").all()
+    # on by default in audit() (causes name their line), off when asked and in a plain FormatAuditor
+    default = auditor.audit(model, x).events
+    assert (default.loc[default["phase"] == "forward", "source"] != "").all()
+    assert (auditor.audit(model, x, record_source=False).events["source"] == "").all()
+    with auditor.FormatAuditor() as fa:
+        model(x)
+    assert (fa.audit.events["source"] == "").all()
 
 
 def _line_of(text: str) -> int:
@@ -567,7 +572,7 @@ def test_results_that_keep_their_inputs_layout_are_logged_as_if_read(monkeypatch
     from auditor import recorder
 
     model, x = tv("resnet18")
-    kept = auditor.audit(model, x)
+    kept = auditor.audit(model, x, record_source=False)
     ops = set(kept.events["op"].astype(str))
     assert {"aten.detach.default", "aten.relu_.default", "aten.add_.Tensor"} <= ops
     monkeypatch.setattr(recorder, "_OP_INFO", {})
@@ -580,7 +585,7 @@ def test_results_that_keep_their_inputs_layout_are_logged_as_if_read(monkeypatch
 
     monkeypatch.setattr(recorder, "_op_info", never_kept)
     model.zero_grad(set_to_none=True)
-    read = auditor.audit(model, x)
+    read = auditor.audit(model, x, record_source=False)
     assert all(not i.keeps_layout for i in recorder._OP_INFO.values())
     assert_frame_equal(kept.tensors, read.tensors)
     assert_frame_equal(kept.events.drop(columns="duration_us"), read.events.drop(columns="duration_us"))

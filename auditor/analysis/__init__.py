@@ -11,7 +11,7 @@ from .causes import CAUSE_COLUMNS, CauseTracer, cause_table
 from .classification import classify
 from .flow import FlowGraph, FlowView, flow_links, reachable, view_roots
 from .paths import HOTSPOT_COLUMNS, HOTSPOT_KEYS, hotspots, ops_table
-from .summaries import coverage, diff, module_at_depth, naive_losses, summary
+from .summaries import coverage, diff, diff_causes, module_at_depth, naive_losses, summary
 
 __all__ = [
     "HOTSPOT_COLUMNS",
@@ -25,6 +25,7 @@ __all__ = [
     "classify",
     "coverage",
     "diff",
+    "diff_causes",
     "floating_rows",
     "flow_links",
     "hotspots",

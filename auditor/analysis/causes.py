@@ -171,15 +171,25 @@ class CauseTracer:
         seen = set()
         while p >= 0 and p not in seen:
             seen.add(p)
-            out = self._output(p)
-            src = next((r for r in self._rows(p) if not self.is_out[r] and self.ndim[r] == self.ndim[out]), -1)
-            if out >= 0 and src >= 0:
-                a, b = base_format(self.label[src]), base_format(self.label[out])
-                if a != b and a in ("contiguous", *_CL) and b in ("contiguous", *_CL):
-                    return p, WEIGHT
+            if self._changes_weight_format(p):
+                return p, WEIGHT
             first = next((r for r in self._rows(p) if not self.is_out[r]), -1)
             p = int(self.graph.producer[first]) if first >= 0 else -1
         return h, WEIGHT
+
+    def _changes_weight_format(self, p: int) -> bool:
+        """``p`` wrote the weight's data in another physical order than it read: a copy into
+        another format, or a reshape that had to copy a channels_last weight (which it writes in
+        contiguous order whatever rank it returns)."""
+        out = self._output(p)
+        src = next((r for r in self._rows(p) if not self.is_out[r]), -1)  # the data: the first argument
+        if out < 0 or src < 0 or self.ndim[src] not in (4, 5) or self.view.kind[p] == rules.VIEW:
+            return False
+        a = base_format(self.label[src])
+        if self.ndim[out] == self.ndim[src]:
+            b = base_format(self.label[out])
+            return a != b and a in ("contiguous", *_CL) and b in ("contiguous", *_CL)
+        return bool(self.copy[p]) and a in _CL
 
     def root(self, c: int, causes: set[int]) -> int:
         """The event a cause is reported under. A backward cause belongs to a forward cause

@@ -22,9 +22,15 @@ def module_at_depth(module: pd.Series, depth: int) -> pd.Series:
     return names.map(short)
 
 
+#: The summary row of the copies that happen in any layout (not part of any module's hotspots).
+LAYOUT_INDEPENDENT = "<layout-independent copies>"
+
+
 def summary(ops: pd.DataFrame, depth: int = 1) -> pd.DataFrame:
     """Per module at ``depth``, in execution order: ops, views, losses, conversions, hotspots,
-    hotspot bytes and their share of the total."""
+    hotspot bytes and their share of the total. When the ops table marks copies that would
+    happen in any layout, a last row :data:`LAYOUT_INDEPENDENT` counts them (``ops`` and
+    ``conversions``) and their ``bytes``, with ``share`` 0: they are not format costs."""
     df = pd.DataFrame(
         {
             "module": module_at_depth(ops["module"], depth),
@@ -48,6 +54,11 @@ def summary(ops: pd.DataFrame, depth: int = 1) -> pd.DataFrame:
     total = g["bytes"].sum()
     g["share"] = g["bytes"] / total if total else 0.0
     g = g.sort_values("first_seq").drop(columns="first_seq").reset_index()
+    if "layout_independent" in ops and ops["layout_independent"].any():
+        copies = ops[ops["layout_independent"]]
+        row = {"module": LAYOUT_INDEPENDENT, "ops": len(copies), "views": 0, "losses": 0, "conversions": len(copies),
+               "hotspots": 0, "bytes": int(copies["bytes"].sum()), "share": 0.0}
+        g = pd.concat([g, pd.DataFrame([row]).astype(g.dtypes.to_dict())], ignore_index=True)
     return g
 
 
@@ -104,16 +115,57 @@ def diff(before: pd.DataFrame, after: pd.DataFrame, include_unchanged: bool = Fa
     bytes differ) or ``unchanged``. Sorted by the size of the change in bytes."""
     keys = HOTSPOT_KEYS
     cols = keys + ["module_type", "from_format", "to_format", "count", "bytes"]
-    m = before[cols].merge(after[cols], on=keys, how="outer", suffixes=("_before", "_after"), indicator=True)
+    m = _per_key(before[cols], keys).merge(_per_key(after[cols], keys), on=keys, how="outer",
+                                          suffixes=("_before", "_after"), indicator=True)
     for c in ("module_type", "from_format", "to_format"):
         m[c] = m[f"{c}_after"].fillna(m[f"{c}_before"])
-    for c in ("count_before", "count_after", "bytes_before", "bytes_after"):
-        m[c] = m[c].fillna(0).astype(np.int64)
+    m = _status(m, ("count", "bytes"), include_unchanged, keys)
+    return m[
+        ["status", *keys, "module_type", "from_format", "to_format",
+         "count_before", "count_after", "bytes_before", "bytes_after", "bytes_delta"]
+    ].reset_index(drop=True)
+
+
+#: What identifies a cause across two audits (its number is a rank, not an identity).
+CAUSE_KEYS = ["phase", "op", "source", "kind", "pattern"]
+
+
+def diff_causes(before: pd.DataFrame, after: pd.DataFrame, include_unchanged: bool = False) -> pd.DataFrame:
+    """Compare two cause tables (``Audit.causes()``): each cause ``appeared``, ``vanished``,
+    ``changed`` (its hotspots or bytes differ) or ``unchanged``, matched by what and where it
+    is (:data:`CAUSE_KEYS`, the module when no lines were recorded). Sorted by the size of the
+    change in bytes."""
+    keys = CAUSE_KEYS + ([] if (before["source"] != "").any() or (after["source"] != "").any() else ["module"])
+    cols = [*keys, "module", "module_type", "fix", "hotspots", "bytes"]
+    cols = list(dict.fromkeys(cols))
+    m = before[cols].merge(after[cols], on=keys, how="outer", suffixes=("_before", "_after"), indicator=True)
+    for c in ("module", "module_type", "fix"):
+        if f"{c}_after" in m:
+            m[c] = m[f"{c}_after"].fillna(m[f"{c}_before"])
+    m = _status(m, ("hotspots", "bytes"), include_unchanged, keys)
+    return m[["status", *dict.fromkeys([*CAUSE_KEYS, "module"]), "module_type", "fix", "hotspots_before",
+              "hotspots_after", "bytes_before", "bytes_after", "bytes_delta"]].reset_index(drop=True)
+
+
+def _per_key(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """One row per key: a group split by cause in one audit is one group to compare."""
+    if not frame.duplicated(keys).any():
+        return frame
+    agg = {c: "first" for c in frame.columns if c not in keys}
+    agg.update({"count": "sum", "bytes": "sum"})
+    return frame.groupby(keys, sort=False, dropna=False).agg(agg).reset_index()
+
+
+def _status(m: pd.DataFrame, measures: tuple[str, str], include_unchanged: bool, keys: list[str]) -> pd.DataFrame:
+    for c in measures:
+        for side in ("before", "after"):
+            m[f"{c}_{side}"] = m[f"{c}_{side}"].fillna(0).astype(np.int64)
+    a, b = measures
     m["status"] = np.select(
         [
             m["_merge"] == "left_only",
             m["_merge"] == "right_only",
-            (m["count_before"] != m["count_after"]) | (m["bytes_before"] != m["bytes_after"]),
+            (m[f"{a}_before"] != m[f"{a}_after"]) | (m[f"{b}_before"] != m[f"{b}_after"]),
         ],
         ["vanished", "appeared", "changed"],
         default="unchanged",
@@ -121,8 +173,4 @@ def diff(before: pd.DataFrame, after: pd.DataFrame, include_unchanged: bool = Fa
     m["bytes_delta"] = m["bytes_after"] - m["bytes_before"]
     if not include_unchanged:
         m = m[m["status"] != "unchanged"]
-    m = m.assign(_abs=m["bytes_delta"].abs()).sort_values(["_abs"] + keys, ascending=[False] + [True] * len(keys))
-    return m[
-        ["status", *keys, "module_type", "from_format", "to_format",
-         "count_before", "count_after", "bytes_before", "bytes_after", "bytes_delta"]
-    ].reset_index(drop=True)
+    return m.assign(_abs=m["bytes_delta"].abs()).sort_values(["_abs"] + keys, ascending=[False] + [True] * len(keys))

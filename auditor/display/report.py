@@ -1,6 +1,9 @@
-"""The audit's one-screen text report, from the analysis tables."""
+"""The audit's one-screen text report, from the analysis tables: causes first, their symptoms
+folded under them."""
 
 from __future__ import annotations
+
+import textwrap
 
 import pandas as pd
 
@@ -8,19 +11,26 @@ from ..recording import rules
 from .tables import shorten
 from .units import format_bytes
 
+#: Symptoms listed under one cause before "... and N more".
+SYMPTOMS_SHOWN = 4
 
-def audit_report(ops: pd.DataFrame, hot: pd.DataFrame, summary: pd.DataFrame, *, complete: bool = True,
-                 error: str = "", top: int = 10, depth: int = 1) -> str:
-    """Totals, the top ``top`` hotspot groups, and the modules at ``depth`` that cost most.
 
-    ``ops``, ``hot`` and ``summary`` are :func:`~auditor.analysis.ops_table`,
-    :func:`~auditor.analysis.hotspots` and :func:`~auditor.analysis.summary` of one audit.
+def audit_report(ops: pd.DataFrame, hot: pd.DataFrame, summary: pd.DataFrame, causes: pd.DataFrame | None = None,
+                 *, complete: bool = True, error: str = "", top: int = 10, depth: int = 1) -> str:
+    """Totals, the ``top`` causes with the hotspots they lead to, and the modules at ``depth``
+    that cost most.
+
+    ``ops``, ``hot``, ``summary`` and ``causes`` are :func:`~auditor.analysis.ops_table`,
+    :func:`~auditor.analysis.hotspots`, :func:`~auditor.analysis.summary` and
+    :func:`~auditor.analysis.cause_table` of one audit (without causes, the hotspot groups are
+    listed on their own).
     """
-    lines = _totals(ops, hot, complete, error)
+    lines = _totals(ops, hot, causes, complete, error)
     if len(hot):
         lines.append("")
-        lines.extend(_hotspot_lines(hot, top))
-        summ = summary[summary["bytes"] > 0].sort_values("bytes", ascending=False).head(5)
+        lines.extend(_cause_lines(causes, hot, top) if causes is not None and len(causes) else _hotspot_lines(hot, top))
+        summ = summary[(summary["bytes"] > 0) & (summary["hotspots"] > 0)]
+        summ = summ.sort_values("bytes", ascending=False).head(5)
         lines.append("")
         lines.append(f"Modules with most hotspot bytes (depth {depth}):")
         for r in summ.itertuples():
@@ -30,7 +40,7 @@ def audit_report(ops: pd.DataFrame, hot: pd.DataFrame, summary: pd.DataFrame, *,
     return "\n".join(lines)
 
 
-def _totals(ops: pd.DataFrame, hot: pd.DataFrame, complete: bool, error: str) -> list[str]:
+def _totals(ops: pd.DataFrame, hot: pd.DataFrame, causes, complete: bool, error: str) -> list[str]:
     phases = ops["phase"].value_counts()
     lines = [
         f"Format audit: {len(ops)} aten ops "
@@ -43,16 +53,52 @@ def _totals(ops: pd.DataFrame, hot: pd.DataFrame, complete: bool, error: str) ->
     )
     hot_ops = ops[ops["hotspot"]]
     by_phase = hot_ops.groupby("phase", observed=False)["bytes"].sum()
+    n_causes = f"{len(causes)} cause{'s' if len(causes) != 1 else ''} -> " if causes is not None else ""
     lines.append(
-        f"Hotspots: {len(hot)} groups, {len(hot_ops)} ops, {format_bytes(hot_ops['bytes'].sum())} moved "
+        f"Hotspots: {n_causes}{len(hot)} groups, {len(hot_ops)} ops, {format_bytes(hot_ops['bytes'].sum())} moved "
         f"(forward {format_bytes(by_phase.get('forward', 0))}, backward {format_bytes(by_phase.get('backward', 0))})"
     )
-    off_path = ops[ops["kind"].isin(rules.COSTLY_KINDS) & ~ops["hotspot"]]
+    independent = ops[ops["layout_independent"]] if "layout_independent" in ops else ops.iloc[:0]
+    if len(independent):
+        lines.append(
+            f"  layout-independent copies (they happen in any layout; not hotspots): {len(independent)} ops, "
+            f"{format_bytes(independent['bytes'].sum())}"
+        )
+    costly = ops["kind"].isin(rules.COSTLY_KINDS) & ~ops["hotspot"]
+    if "layout_independent" in ops:
+        costly &= ~ops["layout_independent"]
+    off_path = ops[costly]
     if len(off_path):
         lines.append(
             f"  not between two convolutions (not hotspots): {len(off_path)} ops, "
             f"{format_bytes(off_path['bytes'].sum())}"
         )
+    return lines
+
+
+def _cause_lines(causes: pd.DataFrame, hot: pd.DataFrame, top: int) -> list[str]:
+    """Each cause: what and where, the fix, and its symptoms, largest first."""
+    lines = [f"Causes, most bytes first ({len(causes)}; Audit.causes(), symptoms in Audit.hotspots()):"]
+    for c in causes.head(top).itertuples():
+        where = f"{c.module} ({c.module_type})" if c.module_type else c.module
+        lines.append(
+            f"  {c.cause:>2}. {c.phase} {c.op} {c.kind} [{c.pattern}] in {shorten(where, 40)}: "
+            f"{c.hotspots} hotspot ops, {format_bytes(c.bytes)}"
+        )
+        if c.source:
+            lines.append(f"      at {c.source}")
+        for i, part in enumerate(textwrap.wrap(c.fix, 110)):
+            lines.append(f"      {'fix:' if i == 0 else '    '} {part}")
+        mine = hot[hot["cause"] == c.cause]
+        for s in mine.head(SYMPTOMS_SHOWN).itertuples():
+            lines.append(
+                f"      - {s.phase:8} {shorten(s.module, 24):24} {shorten(s.op, 40):40} {s.kind:8} "
+                f"{s.count:>3}x {format_bytes(s.bytes):>9}"
+            )
+        if len(mine) > SYMPTOMS_SHOWN:
+            lines.append(f"      ... and {len(mine) - SYMPTOMS_SHOWN} more hotspot groups")
+    if len(causes) > top:
+        lines.append(f"  ... and {len(causes) - top} more causes (Audit.causes())")
     return lines
 
 

@@ -1,0 +1,300 @@
+"""Causes: every hotspot traced to the op and line where its data left its format, one fix per
+cause, and the same causes whatever mode the model runs in."""
+
+from __future__ import annotations
+
+import contextlib
+import linecache
+
+import pytest
+import torch
+import torch.nn as nn
+import torchvision
+from planted import CAUSE_MODELS, MODELS, make, make_cause
+
+import auditor
+from auditor import fix
+
+CL = torch.channels_last
+
+
+@pytest.fixture(scope="module")
+def cause_audits():
+    return {name: auditor.audit(*make_cause(name)) for name in CAUSE_MODELS}
+
+
+@pytest.fixture(scope="module")
+def planted_audits():
+    return {name: auditor.audit(*make(name)) for name in MODELS}
+
+
+def _line(source: str) -> str:
+    path, _, number = source.rpartition(":")
+    return linecache.getline(path, int(number)).strip()
+
+
+@pytest.mark.parametrize("name", sorted(CAUSE_MODELS))
+def test_each_planted_cause_is_found_at_its_line(cause_audits, name):
+    a = cause_audits[name]
+    c = a.causes()
+    assert set(zip(c["phase"], c["op"], c["kind"], c["pattern"], strict=True)) == CAUSE_MODELS[name][2]
+    for row in c.itertuples():
+        assert "planted" in _line(row.source), (row.source, _line(row.source))  # the line to change
+        assert row.fix
+
+
+def test_a_stack_is_no_loss_and_the_reduction_after_it_is(cause_audits):
+    ops = cause_audits["stack_reduce"].ops()
+    kinds = dict(zip(ops["op"].astype(str), ops["kind"].astype(str), strict=False))
+    assert kinds["aten.stack.default"] == "preserves" and kinds["aten.sum.dim_IntList"] == "loses"
+
+
+def test_a_convolution_that_writes_another_format_is_a_loss_not_all_clear(cause_audits):
+    a = cause_audits["conv3d_batch1"]
+    conv = a.ops()[a.ops()["op"] == "aten.convolution.default"].iloc[0]
+    assert (conv["kind"], conv["from_format"], conv["to_format"]) == ("loses", "channels_last_3d", "contiguous")
+    assert "channels_last propagates" not in a.report()
+    assert a.causes()["fix"].iloc[0].count("no channels_last_3d kernel") == 1
+
+
+def test_a_rebuilt_weight_is_a_cause_with_its_bytes_per_step(cause_audits):
+    a = cause_audits["weight_rebuilt"]
+    cause = a.causes().iloc[0]
+    weight = 8 * 8 * 3 * 3 * 4
+    # the rebuilding copy, and the convolution permuting the result in forward and backward
+    assert cause["bytes"] == 3 * weight and cause["hotspots"] == 2
+    hot = a.hotspots()
+    assert set(hot["op"]) == {"aten.convolution.default", "aten.convolution_backward.default"}
+
+
+def test_backward_copies_of_an_inplace_op_on_a_view_name_that_line(cause_audits):
+    a = cause_audits["inplace_view"]
+    for row in a.hotspots().itertuples():
+        assert _line(row.source) == "y += 1  # planted: in place on a view"
+
+
+def test_attention_tensors_are_not_images_and_their_copies_happen_in_any_layout():
+    model, x = make_cause("token_attention")
+    a = auditor.audit(model, x)
+    assert a.hotspots().empty and a.causes().empty
+    copies = a.ops()[a.ops()["layout_independent"]]
+    assert len(copies) >= 2 and (copies["bytes"] > 0).all()
+    summary = a.summary()
+    assert summary["module"].iloc[-1] == "<layout-independent copies>" and summary["bytes"].iloc[-1] > 0
+    assert "layout-independent copies" in a.report()
+    # the same copies, at the same lines, when the model runs all-contiguous
+    plain = auditor.audit(model.to(memory_format=torch.contiguous_format), x.contiguous())
+    plain_copies = plain.ops()[plain.ops()["layout_independent"]]
+    assert set(zip(copies["op"], copies["source"])) == set(zip(plain_copies["op"], plain_copies["source"]))
+
+
+@pytest.mark.parametrize("which", ["planted", "causes"])
+def test_every_hotspot_belongs_to_exactly_one_cause(planted_audits, cause_audits, which):
+    for name, a in (planted_audits if which == "planted" else cause_audits).items():
+        ops = a.ops()
+        hot = ops[ops["hotspot"]]
+        assert (hot["cause"] > 0).all(), name
+        assert (ops.loc[~ops["hotspot"], "cause"] == 0).all(), name
+        causes = a.causes()
+        assert causes["hotspots"].sum() == len(hot), name
+        assert set(hot["cause"]) == set(causes["cause"]), name
+        assert causes["bytes"].is_monotonic_decreasing, name
+        assert (a.hotspots()["cause"] > 0).all(), name
+        # a view is never a cause
+        assert not ops.set_index("seq").loc[causes_events(a), "kind"].eq("view").any(), name
+
+
+def causes_events(a) -> list[int]:
+    ops = a.ops()
+    out = []
+    for c in a.causes().itertuples():
+        same = (ops["op"] == c.op) & (ops["phase"] == c.phase) & (ops["source"] == c.source)
+        out.append(int(ops.loc[same, "seq"].iloc[0]))
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(CAUSE_MODELS))
+def test_the_fixed_model_loses_the_cause_and_keeps_its_outputs(cause_audits, name):
+    model, x = make_cause(name)
+    fixed, fx = make_cause(name, fixed=True)
+    torch.testing.assert_close(fixed(fx), model(x), rtol=1e-4, atol=1e-4)
+    after = auditor.audit(fixed, fx)
+    before = cause_audits[name]
+    assert len(after.hotspots()) < len(before.hotspots()) or before.hotspots().empty
+    assert not set(after.causes()["pattern"]) & set(before.causes()["pattern"])
+
+
+@pytest.mark.parametrize("name", sorted(CAUSE_MODELS))
+def test_strict_raises_exactly_where_the_analyzer_finds_a_loss(cause_audits, name):
+    ops = cause_audits[name].ops()
+    losses = ops[ops["kind"] == "loses"]
+    model, x = make_cause(name)
+    if losses.empty:
+        auditor.audit(model, x, strict=True)
+        return
+    first = losses.iloc[0]
+    with pytest.raises(auditor.FormatLossError, match=str(first["op"]).replace(".", r"\.")):
+        auditor.audit(model, x, strict=True)
+
+
+def test_report_leads_with_the_causes_and_folds_their_symptoms(planted_audits):
+    text = planted_audits["softmax"].report()
+    lines = text.splitlines()
+    first_cause = next(i for i, line in enumerate(lines) if line.strip().startswith("1. "))
+    assert "aten._softmax.default" in lines[first_cause] and "[no_cl_kernel]" in lines[first_cause]
+    symptoms = [line for line in lines[first_cause:] if line.strip().startswith("- ")]
+    assert any("convolution_backward" in line for line in symptoms)
+    assert lines.index(next(line for line in lines if line.startswith("Modules"))) > first_cause
+
+
+def test_diff_by_cause_names_the_vanished_cause():
+    model, x = make_cause("stack_reduce")
+    fixed, fx = make_cause("stack_reduce", fixed=True)
+    d = auditor.diff(auditor.audit(model, x), auditor.audit(fixed, fx), by="cause")
+    assert list(d["status"]) == ["vanished"] and d["pattern"].iloc[0] == "stack_reduce"
+    assert d["bytes_delta"].iloc[0] < 0 and d["hotspots_after"].iloc[0] == 0
+    with pytest.raises(ValueError, match="'group' or 'cause'"):
+        auditor.diff(auditor.audit(model, x), auditor.audit(model, x), by="module")
+
+
+# -- fixes --------------------------------------------------------------------------------------
+
+#: pattern -> the action its fix takes
+FIX_ACTIONS = {
+    "stack_reduce": fix.EDIT, "nc11_broadcast": fix.EDIT, "mean_backward": fix.EDIT, "inplace_view": fix.EDIT,
+    "channel_slice": fix.EDIT, "weight_rebuilt": fix.EDIT, "conv_no_kernel": fix.REGION,
+}
+
+
+@pytest.mark.parametrize("name", sorted(n for n in CAUSE_MODELS if CAUSE_MODELS[n][2]))
+def test_one_fix_per_cause_that_saves_bytes(cause_audits, name):
+    a = cause_audits[name]
+    f = fix.suggest_fixes(a)
+    causes = a.causes()
+    assert len(f) == len(causes) and set(f.frame["cause"]) == set(causes["cause"])
+    assert (f.frame["bytes"] > 0).all()
+    row = f.frame.iloc[0]
+    assert row["action"] == FIX_ACTIONS[row["pattern"]], row.to_dict()
+    assert row["suggestion"] and row["detail"]
+    assert (f.hotspots["fix"] > 0).all()
+
+
+def test_region_fix_for_a_convolution_without_a_kernel_applies_and_keeps_outputs(cause_audits):
+    model, x = make_cause("conv3d_batch1")
+    ref = model(x)
+    f = fix.suggest_fixes(cause_audits["conv3d_batch1"])
+    done = f.apply(model)
+    assert done["applied"].all()
+    torch.testing.assert_close(model(x), ref, rtol=1e-4, atol=1e-5)
+    assert auditor.audit(model, x).hotspots().empty
+
+
+class OneContiguousWeight(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 8, 3, padding=1)
+        self.b = nn.Conv2d(8, 8, 3, padding=1)
+        self.c = nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        return self.c(torch.relu(self.b(torch.relu(self.a(x)))))
+
+
+def test_a_weight_stored_in_the_other_format_gets_a_weight_fix_that_applies_once():
+    torch.manual_seed(0)
+    model = OneContiguousWeight().to(memory_format=CL)
+    model.b.weight.data = model.b.weight.data.contiguous()  # the one weight not converted
+    x = torch.randn(2, 3, 8, 8).to(memory_format=CL)
+    a = auditor.audit(model, x)
+    causes = a.causes()
+    assert list(causes["pattern"]) == ["weight_format"] and causes["module"].iloc[0] == "b"
+    f = fix.suggest_fixes(a)
+    assert list(f.frame["action"]) == [fix.WEIGHT]
+    assert f.apply(model)["applied"].all() and model.b.weight.is_contiguous(memory_format=CL)
+    again = f.apply(model)
+    assert not again["applied"].any() and "already channels_last" in again["detail"].iloc[0]
+    assert auditor.audit(model, x).hotspots().empty
+
+
+def test_no_weight_fix_for_weights_already_in_the_format(planted_audits):
+    for name, a in planted_audits.items():
+        assert fix.WEIGHT not in set(fix.suggest_fixes(a).frame["action"]), name
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated")
+def test_apply_refuses_torchscript_before_changing_anything():
+    model, x = make("softmax")
+    f = fix.suggest_fixes(auditor.audit(model, x))
+    scripted = torch.jit.script(model)
+    with pytest.raises(TypeError, match="TorchScript"):
+        f.apply(scripted)
+    with pytest.raises(TypeError, match="nn.Module"):
+        f.apply(lambda t: t)
+
+
+def test_missing_kernel_claims_are_backed_by_coverage(planted_audits, cause_audits):
+    for a in [*planted_audits.values(), *cause_audits.values()]:
+        cov = a.coverage()
+        for row in fix.suggest_fixes(a).frame.itertuples():
+            if "no channels_last" in row.detail or "no channels_last" in a.causes().set_index("cause").at[row.cause, "fix"]:
+                support = set(cov.loc[cov["op"] == row.op, "support"])
+                assert support & {"none", "partial"}, (row.op, support)
+
+
+# -- execution modes ------------------------------------------------------------------------------
+
+
+def _forward_causes(a) -> set[tuple]:
+    c = a.causes()
+    c = c[c["phase"] == "forward"]
+    return set(zip(c["source"], c["kind"], c["pattern"], strict=True))
+
+
+MODES = {
+    "no_grad": torch.no_grad,
+    "inference_mode": torch.inference_mode,
+    "autocast_bf16": lambda: torch.autocast("cpu", dtype=torch.bfloat16),
+}
+
+#: Models whose causes are all in backward: forward-only modes have nothing to compare.
+BACKWARD_ONLY = {"se_mean", "inplace_view", "channel_slice", "bicubic"}
+#: (model, mode) whose code really runs differently in that mode, and why.
+DIFFERS = {
+    ("conv3d_batch1", "autocast_bf16"): "a bfloat16 Conv3d has a channels_last_3d kernel at batch 1 on this "
+                                        "CPU (float32 has none): under autocast nothing is lost",
+}
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+@pytest.mark.parametrize("name", sorted(set(MODELS) | set(CAUSE_MODELS)))
+def test_the_same_causes_in_every_execution_mode(name, mode):
+    """Forward causes of a training step equal those of the forward pass under no_grad,
+    inference_mode (composite ops reach the recorder undecomposed) and bf16 autocast."""
+    build = make_cause if name in CAUSE_MODELS else make
+    model, x = build(name)
+    step = _forward_causes(auditor.audit(model, x))
+    model, x = build(name)
+    with MODES[mode]():
+        seen = auditor.audit(model, x, backward=False)
+    if (name, mode) in DIFFERS:
+        assert step and not _forward_causes(seen), DIFFERS[name, mode]
+        return
+    assert _forward_causes(seen) == step
+    if name in BACKWARD_ONLY:
+        assert not step  # their cause is the backward of their line: nothing to see forward
+
+
+def test_inference_mode_still_sees_convolutions_and_copies():
+    torch.manual_seed(0)
+    model = torchvision.models.shufflenet_v2_x0_5(weights=None).to(memory_format=CL).eval()
+    x = torch.randn(1, 3, 32, 32).to(memory_format=CL)
+    with torch.no_grad():
+        plain = auditor.audit(model, x, backward=False)
+    with torch.inference_mode():
+        undecomposed = auditor.audit(model, x, backward=False)
+    ops = set(undecomposed.events["op"].astype(str))
+    assert {"aten.conv2d.default", "aten.contiguous.default"} <= ops  # composite ops, as they came
+    assert len(undecomposed.hotspots()) > 20
+    assert _forward_causes(undecomposed) == _forward_causes(plain)
+    with contextlib.suppress(auditor.FormatLossError), torch.inference_mode():
+        auditor.audit(model, x, backward=False, strict=True)
