@@ -38,8 +38,8 @@ FORMATS = ("channels_last", "channels_last_3d", "contiguous")
 DTYPES = ("float32", "float64", "float16", "bfloat16")
 
 #: Every file format-audit may write into a model's folder; one of them there means an audit.
-OUTPUT_FILES = ("events.csv", "hotspots.csv", "summary.csv", "coverage.csv", "report.txt",
-                "heatmap.png", "timeline.png", "fixes.txt")
+OUTPUT_FILES = ("events.csv", "hotspots.csv", "causes.csv", "summary.csv", "coverage.csv", "report.txt",
+                "heatmap.png", "timeline.png", "fixes.txt", "trace.json")
 
 #: Input dimensions are indexed with 32-bit integers by many kernels, the element count with 64.
 MAX_DIM = 2**31 - 1
@@ -318,7 +318,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop at the first op that loses channels_last and exit with status 1")
     p.add_argument("--record-source", action=argparse.BooleanOptionalAction, default=True,
                    help="record the source line of each op (the causes name their lines)")
-    p.add_argument("--record-time", action="store_true", help="record the wall time of each op")
+    p.add_argument("--record-time", action=argparse.BooleanOptionalAction, default=None,
+                   help="measure each op's kernel time with torch's profiler, so causes rank by time "
+                        "(default: on; fake audits have no times)")
     p.add_argument("--depth", type=at_least_one("--depth"), default=1,
                    help="module depth of the summary and heatmap (default: %(default)s)")
     p.add_argument("--top", type=at_least_one("--top"), default=10,
@@ -326,6 +328,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fix", action="store_true",
                    help="print the suggested fixes after the report, and write fixes.txt with --out "
                         "(records source lines)")
+    p.add_argument("--trace", action="store_true",
+                   help="also write trace.json with --out: a Chrome trace for Perfetto or chrome://tracing")
     p.add_argument("--out", metavar="DIR",
                    help="write the audit's files there; one folder per model when several are given")
     p.add_argument("--force", action="store_true", help="overwrite an audit already in --out")
@@ -343,6 +347,7 @@ class ModelAudit:
     depth: int
     report: str
     fixes: str | None
+    trace: bool = False  # write trace.json
 
 
 def run(args: argparse.Namespace) -> int:
@@ -375,7 +380,7 @@ def audit_model(spec: str, folder: Path | None, target: Target, progress: Progre
     with blame(InternalError, f"analysing {spec}"):
         report = audit.report(top=args.top, depth=args.depth)
         fixes = str(auditor.suggest_fixes(audit)) if args.fix else None
-    result = ModelAudit(audit, args.depth, report, fixes)
+    result = ModelAudit(audit, args.depth, report, fixes, args.trace)
     text = target.title(spec, dims) + "\n" + "\n\n".join(t for t in (report, fixes) if t is not None)
     if folder is not None:
         with blame(InternalError, f"writing the files of {spec}"):
@@ -398,6 +403,10 @@ class Target:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Target:
         """The checks that need several flags at once; each flag alone was checked by the parser."""
+        if args.trace and args.out is None:
+            raise UsageError("--trace writes trace.json into the --out folder: give --out DIR too")
+        if args.fake and args.record_time:
+            raise UsageError("--record-time: fake tensors run no kernels, so a fake audit has no times")
         rank = {"channels_last": 4, "channels_last_3d": 5}.get(args.format)
         if args.input and rank and len(args.input) != rank:
             raise UsageError(f"--format {args.format} needs a {rank}-D --input, got {len(args.input)}-D")
@@ -417,8 +426,7 @@ class Target:
         args, fmt = self.args, self.memory_format
         options = {"backward": not args.no_backward, "strict": args.strict}
         options["record_source"] = args.record_source or args.fix
-        if args.record_time:
-            options["record_time"] = True
+        options["record_time"] = args.record_time if args.record_time is not None else not args.fake
         with blame(UsageError, f"{spec} failed on input {','.join(map(str, dims))} {args.dtype}"):
             torch.manual_seed(0)
             if args.fake:
@@ -448,6 +456,7 @@ def _writers(result: ModelAudit) -> dict[str, Callable[[Path], object]]:
     files = {
         "events.csv": audit.to_csv,
         "hotspots.csv": lambda p: audit.hotspots().to_csv(p, index=False),
+        "causes.csv": lambda p: audit.causes().to_csv(p, index=False),
         "summary.csv": lambda p: audit.summary(depth).to_csv(p, index=False),
         "coverage.csv": lambda p: audit.coverage().to_csv(p, index=False),
         "report.txt": lambda p: p.write_text(result.report + "\n"),
@@ -457,6 +466,8 @@ def _writers(result: ModelAudit) -> dict[str, Callable[[Path], object]]:
     }
     if result.fixes is not None:
         files["fixes.txt"] = lambda p: p.write_text(result.fixes + "\n")
+    if result.trace:
+        files["trace.json"] = audit.export_chrome_trace
     return files
 
 

@@ -51,12 +51,31 @@ _MAX_OP = 34  # op names in labels, likewise; the phase before them is never sho
 _MAX_BAR_MODULE = 40  # module names on top_hotspots' bars, which have room for more
 _TICK_ROTATION = 40  # degrees, for the heatmap's column labels
 #: Heatmap values: the name users pass -> the Quantity (``display.units``) that formats it. A
-#: new value (time) is one entry here, one column in the heatmap's cell frame.
-_HEATMAP_VALUES = {"bytes": "bytes", "count": "count"}
+#: new value is one entry here, one column in the heatmap's cell frame.
+_HEATMAP_VALUES = {"time_us": "time_us", "bytes": "bytes", "count": "count"}
+#: Bar lengths of ``top_hotspots``: time when the audit has it, else bytes.
+_BAR_VALUES = ("time_us", "bytes")
 
 
 def _quantity(value: str) -> Quantity:
     return QUANTITIES[_HEATMAP_VALUES[value]]
+
+
+def _timed(audit: Audit) -> bool:
+    """Whether the audit's hotspots have times (the profiler's, else wall times)."""
+    return bool(audit.hotspots()["time_us"].notna().any())
+
+
+def _value(audit: Audit, value: str | None, allowed) -> str:
+    """The value a figure shows: ``value``, checked, or by default time when the audit has
+    times and bytes otherwise."""
+    if value is None:
+        return "time_us" if _timed(audit) else "bytes"
+    if value not in allowed:
+        raise ValueError(f"value must be {' or '.join(map(repr, allowed))}, got {value!r}")
+    if value == "time_us" and not _timed(audit):
+        raise ValueError("value='time_us' needs times: audit with record_time=True")
+    return value
 
 
 @lru_cache(maxsize=4096)
@@ -110,8 +129,6 @@ def _ops_line(audit: Audit) -> str:
 
 def _heatmap_table(audit: Audit, depth: int, value: str, columns: str) -> tuple[pd.DataFrame, list[str]]:
     """The heatmap's table and the tick label of each column, phase spelled out in full."""
-    if value not in _HEATMAP_VALUES:
-        raise ValueError(f"value must be {' or '.join(map(repr, _HEATMAP_VALUES))}, got {value!r}")
     if columns not in ("kind", "op"):
         raise ValueError(f"columns must be 'kind' or 'op', got {columns!r}")
     ops = audit.ops()
@@ -125,6 +142,7 @@ def _heatmap_table(audit: Audit, depth: int, value: str, columns: str) -> tuple[
             "kind": hot["kind"].astype(str).to_numpy(),
             "op": hot["op"].astype(str).str.removeprefix("aten.").to_numpy(),
             "bytes": hot["bytes"].to_numpy(),
+            "time_us": _op_times(hot),
             "count": 1,
         }
     )
@@ -141,26 +159,31 @@ def _heatmap_table(audit: Audit, depth: int, value: str, columns: str) -> tuple[
         cols = heads["column"].tolist()
         labels = [f"{p} {shorten(o, _MAX_OP)}" for p, o in zip(heads["phase"], heads["op"], strict=True)]
     table = frame.pivot_table(index="module", columns="column", values=value, aggfunc="sum", fill_value=0)
-    table = table.reindex(index=order, columns=cols, fill_value=0).fillna(0).astype(np.int64)
+    table = table.reindex(index=order, columns=cols, fill_value=0).fillna(0)
+    table = table.astype(np.float64 if value == "time_us" else np.int64)
     table.index.name = "module"
     table.columns.name = None
     return table, labels
 
 
-def heatmap_data(audit: Audit, depth: int = 1, value: str = "bytes", columns: str = "kind") -> pd.DataFrame:
-    """Hotspot bytes (or counts) per module at ``depth`` (rows, in execution order) and per
-    phase × kind or per op (columns; op columns are keyed ``for``/``bac`` + op, forward first).
-    Modules without hotspots keep a row of zeros."""
-    return _heatmap_table(audit, depth, value, columns)[0]
+def heatmap_data(audit: Audit, depth: int = 1, value: str | None = None, columns: str = "kind") -> pd.DataFrame:
+    """Hotspot time in µs (``value="time_us"``, the default when the audit has times), bytes
+    (the default otherwise) or counts per module at ``depth`` (rows, in execution order) and
+    per phase × kind or per op (columns; op columns are keyed ``for``/``bac`` + op, forward
+    first). Modules without hotspots keep a row of zeros."""
+    return _heatmap_table(audit, depth, _value(audit, value, _HEATMAP_VALUES), columns)[0]
 
 
-def heatmap(audit: Audit, depth: int = 1, value: str = "bytes", columns: str = "kind", max_rows: int = 60) -> Figure:
-    """The format-loss heatmap: where (module) and what (phase × kind, or op) costs most.
+def heatmap(audit: Audit, depth: int = 1, value: str | None = None, columns: str = "kind",
+            max_rows: int = 60) -> Figure:
+    """The format-loss heatmap: where (module) and what (phase × kind, or op) costs most, in
+    time when the audit has times (else bytes; ``value`` picks, as in :func:`heatmap_data`).
 
     With more than ``max_rows`` modules, the rows without hotspots are dropped first, then the
     smallest; the title says how many were hidden. Without hotspots it says so instead of
     drawing an empty grid.
     """
+    value = _value(audit, value, _HEATMAP_VALUES)
     data, labels = _heatmap_table(audit, depth, value, columns)
     quantity = _quantity(value)
     if not data.to_numpy().any():
@@ -337,16 +360,26 @@ def _short_sources(sources: Iterable[str]) -> dict[str, str]:
     return {s: f"{short[f]}:{line}" if line else short[f] for s, (f, line) in split.items()}
 
 
-def _kind_bytes(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """Bytes per kind (one column per kind) for each group of ``keys``."""
-    wide = frame.pivot_table(index=keys, columns="kind", values="bytes", aggfunc="sum", fill_value=0)
-    return wide.reindex(columns=list(KIND_COLUMNS), fill_value=0).astype(np.int64)
+def _op_times(ops: pd.DataFrame) -> np.ndarray:
+    """Per op, its kernel time (the profiler's), else its wall time, in µs (NaN: untimed)."""
+    time = ops["time_us"] if "time_us" in ops else pd.Series(np.nan, index=ops.index)
+    if time.isna().all() and "duration_us" in ops:
+        time = ops["duration_us"]
+    return time.to_numpy(dtype=np.float64)
 
 
-def _bars_by_group(audit: Audit) -> pd.DataFrame:
+def _per_kind(frame: pd.DataFrame, keys: list[str], value: str) -> pd.DataFrame:
+    """``value`` summed per kind (one column per kind) for each group of ``keys``."""
+    wide = frame.pivot_table(index=keys, columns="kind", values=value, aggfunc="sum", fill_value=0)
+    wide = wide.reindex(columns=list(KIND_COLUMNS), fill_value=0)
+    return wide.astype(np.float64 if value == "time_us" else np.int64)
+
+
+def _bars_by_group(audit: Audit, value: str) -> pd.DataFrame:
     """One bar per hotspot group, named by phase, module, op and source line (a module name is
-    shortened only where that leaves the labels apart)."""
-    hot = audit.hotspots().copy()
+    shortened only where that leaves the labels apart), largest ``value`` first."""
+    hot = audit.hotspots().sort_values([value, "first_seq"], ascending=[False, True], kind="stable")
+    hot = hot.reset_index(drop=True)
     where = _short_sources(hot["source"])
 
     def labels(width: int | None) -> list[str]:
@@ -360,27 +393,28 @@ def _bars_by_group(audit: Audit) -> pd.DataFrame:
     repeated = pd.Series(short).duplicated(keep=False).to_numpy()
     hot["label"] = np.where(repeated, full, short) if len(hot) else []
     for k in KIND_COLUMNS:
-        hot[k] = np.where(hot["kind"] == k, hot["bytes"], 0).astype(np.int64)
+        hot[k] = np.where(hot["kind"] == k, hot[value], 0).astype(hot[value].dtype)
     hot["groups"] = 1
     return hot
 
 
-def _bars_by_source(audit: Audit) -> pd.DataFrame:
+def _bars_by_source(audit: Audit, value: str) -> pd.DataFrame:
     """One bar per source line: the hotspot groups it causes, summed."""
     hot = audit.hotspots()
     if hot.empty:
-        return _bars_by_group(audit)
+        return _bars_by_group(audit, value)
     if not (hot["source"] != "").any():
         raise ValueError("by='source' needs source lines: audit with record_source=True")
     g = hot.groupby("source", sort=False).agg(
         groups=("bytes", "size"), count=("count", "sum"), bytes=("bytes", "sum"),
+        time_us=("time_us", lambda t: t.sum(min_count=1)),
         modules=("module", "nunique"), phases=("phase", lambda p: ", ".join(dict.fromkeys(p))),
         first_seq=("first_seq", "min"),
     )
-    g = g.join(_kind_bytes(hot, ["source"])).reset_index()
+    g = g.join(_per_kind(hot, ["source"], value)).reset_index()
     total = g["bytes"].sum()
     g["share"] = g["bytes"] / total if total else 0.0
-    g = g.sort_values(["bytes", "first_seq"], ascending=[False, True], ignore_index=True)
+    g = g.sort_values([value, "first_seq"], ascending=[False, True], ignore_index=True)
     where = _short_sources(g["source"])
     g["label"] = [
         f"{where.get(r.source, '(no source line)')}  {r.groups} groups in {r.modules} modules, {r.phases}"
@@ -389,18 +423,19 @@ def _bars_by_source(audit: Audit) -> pd.DataFrame:
     return g
 
 
-def _bars_by_cause(audit: Audit) -> pd.DataFrame:
-    """One bar per cause (``Audit.causes()``): the hotspot groups it leads to, summed by kind."""
+def _bars_by_cause(audit: Audit, value: str) -> pd.DataFrame:
+    """One bar per cause (``Audit.causes()``, in its order: most time saved first when timed):
+    the hotspot groups it leads to, summed by kind."""
     hot = audit.hotspots()
     causes = audit.causes()
     if hot.empty or causes.empty:
-        return _bars_by_group(audit)
-    kinds = _kind_bytes(hot, ["cause"])
+        return _bars_by_group(audit, value)
+    kinds = _per_kind(hot, ["cause"], value)
     bars = causes.set_index("cause").join(kinds).fillna({k: 0 for k in KIND_COLUMNS}).reset_index()
     for k in KIND_COLUMNS:
-        bars[k] = bars[k].astype(np.int64)
+        bars[k] = bars[k].astype(kinds[k].dtype)
     # a weight's cost includes its rebuilding copy, which is no hotspot: show it as a conversion
-    bars[rules.CONVERTS] += bars["bytes"] - bars[list(KIND_COLUMNS)].sum(axis=1)
+    bars[rules.CONVERTS] += (bars[value].fillna(0) - bars[list(KIND_COLUMNS)].sum(axis=1)).clip(lower=0)
     groups = hot.groupby("cause").size()
     bars["groups"] = bars["cause"].map(groups).fillna(0).astype(np.int64)
     where = _short_sources(bars["source"])
@@ -412,40 +447,48 @@ def _bars_by_cause(audit: Audit) -> pd.DataFrame:
     return bars
 
 
-#: ``top_hotspots(by=...)``: how hotspot groups are put together into bars. Each returns the
-#: bars largest first, with ``label``, ``bytes``, ``groups`` and bytes per kind.
-BAR_GROUPINGS: dict[str, Callable[[Audit], pd.DataFrame]] = {
+#: ``top_hotspots(by=...)``: how hotspot groups are put together into bars. Each takes the audit
+#: and the bar value (``time_us`` or ``bytes``) and returns the bars in rank order, with
+#: ``label``, ``bytes``, ``time_us``, ``groups`` and the value per kind.
+BAR_GROUPINGS: dict[str, Callable[[Audit, str], pd.DataFrame]] = {
     "cause": _bars_by_cause,
     "group": _bars_by_group,
     "source": _bars_by_source,
 }
 
 
-def top_hotspots_data(audit: Audit, n: int = 10, by: str = "cause") -> pd.DataFrame:
-    """The ``n`` largest bars of :func:`top_hotspots`: one per cause (``by="cause"``, the rows
-    of ``Audit.causes()`` with their symptoms), per hotspot group (``by="group"``, the rows of
-    ``Audit.hotspots()``) or per source line (``by="source"``), with the bar's ``label`` and
-    its bytes per kind."""
+def top_hotspots_data(audit: Audit, n: int = 10, by: str = "cause", value: str | None = None) -> pd.DataFrame:
+    """The first ``n`` bars of :func:`top_hotspots`: one per cause (``by="cause"``, the rows of
+    ``Audit.causes()`` with their symptoms, in its order), per hotspot group (``by="group"``,
+    the rows of ``Audit.hotspots()``) or per source line (``by="source"``), with the bar's
+    ``label`` and its ``value`` per kind: ``time_us`` (the default when the audit has times,
+    ranked by it) or ``bytes`` (the default otherwise)."""
     if n < 1:
         raise ValueError(f"n must be at least 1, got {n}")
     if by not in BAR_GROUPINGS:
         raise ValueError(f"by must be one of {', '.join(map(repr, BAR_GROUPINGS))}, got {by!r}")
-    return BAR_GROUPINGS[by](audit).head(n).reset_index(drop=True)
+    value = _value(audit, value, _BAR_VALUES)
+    return BAR_GROUPINGS[by](audit, value).head(n).reset_index(drop=True)
 
 
-def top_hotspots(audit: Audit, n: int = 10, by: str = "cause") -> Figure:
-    """A bar chart of the ``n`` causes (or hotspot groups, ``by="group"``; source lines,
-    ``by="source"``) that move the most bytes, each with its symptoms. Each bar names what
-    and where; bars are coloured (stacked) by the kind of the hotspots."""
-    bars = top_hotspots_data(audit, n, by)
+def top_hotspots(audit: Audit, n: int = 10, by: str = "cause", value: str | None = None) -> Figure:
+    """A bar chart of the first ``n`` causes (or hotspot groups, ``by="group"``; source lines,
+    ``by="source"``): the time they cost (bytes they move, when the audit has no times, or
+    ``value="bytes"``), each with its symptoms. Each bar names what and where; bars are
+    coloured (stacked) by the kind of the hotspots, and a cause's bar says what fixing it saves."""
+    value = _value(audit, value, _BAR_VALUES)
+    bars = top_hotspots_data(audit, n, by, value)
     if bars.empty:
         return _no_hotspots_figure("Top hotspots", f"{_ops_line(audit)}; nothing to rank")
-    quantity = QUANTITIES["bytes"]
+    quantity = QUANTITIES[value]
     kinds = [k for k in KIND_COLUMNS if bars[k].any()]
-    ends = []  # the bar's total, and its kind when it has one
+    ends = []  # the bar's total, its kind when it has one, and what a fix saves
     for _, r in bars.iterrows():
         present = [k for k in kinds if r[k]]
-        ends.append(quantity.text(r["bytes"]) + (f" {present[0]}" if len(present) == 1 else ""))
+        text = quantity.text(r[value]) + (f" {present[0]}" if len(present) == 1 else "")
+        if value == "time_us" and "saving_us" in bars and r["saving_us"] == r["saving_us"]:
+            text += f", fix saves ~{QUANTITIES['time_us'].text(r['saving_us'])}"
+        ends.append(text)
     label_w = _widest(bars["label"], 8)
     fig = AuditFigure(figsize=(label_w + 6.0, max(2.2, 0.34 * len(bars) + 1.5)), layout="constrained")
     ax = fig.add_subplot()
@@ -455,11 +498,11 @@ def top_hotspots(audit: Audit, n: int = 10, by: str = "cause") -> Figure:
         ax.barh(y, bars[k], left=left, color=KIND_COLORS[k], label=k, height=0.7)
         left += bars[k].to_numpy()
     ax.set_yticks(y, bars["label"], fontsize=8)
-    for yi, b, text in zip(y, bars["bytes"], ends, strict=True):
+    for yi, b, text in zip(y, left, ends, strict=True):
         ax.text(b, yi, " " + text, va="center", fontsize=7)
     ax.set_xlabel(quantity.label)
     quantity.format_axis(ax.xaxis)
-    ax.set_xlim(0, bars["bytes"].max() * 1.35)
+    ax.set_xlim(0, max(left.max(), 1e-9) * (1.6 if value == "time_us" else 1.35))
     what = {"cause": "causes", "group": "hotspot groups", "source": "source lines"}.get(by, f"hotspots by {by}")
     ax.set_title(f"Top {len(bars)} {what}", fontsize=10, loc="left")
     ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=len(kinds), fontsize=7, frameon=False)

@@ -7,7 +7,9 @@ import pandas as pd
 from . import analysis
 from .display.report import audit_report
 from .display.tables import preformatted_html
+from .display.trace import chrome_trace, write_chrome_trace
 from .recording import csvfile, log
+from .recording.csvfile import atomic_write
 from .recording.mode import RawLog
 
 
@@ -17,13 +19,18 @@ class Audit:
     Attributes:
         events: one row per aten op call (schema in the README).
         tensors: one row per tensor argument or result, linked to ``events`` by ``seq``.
+        hidden: one row per copy an op's kernels made inside it (a timed recording), linked
+            to ``events`` by ``seq``.
         complete: False when the recorded code raised; the log then ends at the failure.
         error: the exception that ended an incomplete recording, as text.
     """
 
-    def __init__(self, events: pd.DataFrame, tensors: pd.DataFrame, *, complete: bool = True, error: str = ""):
+    def __init__(self, events: pd.DataFrame, tensors: pd.DataFrame, *, complete: bool = True, error: str = "",
+                 hidden: pd.DataFrame | None = None):
         self.events = events
         self.tensors = tensors
+        self.hidden = hidden if hidden is not None else log.hidden_frame(
+            pd.DataFrame({c: [] for c in log.HIDDEN_COLUMNS}))
         self.complete = complete
         self.error = error
         self._ops: pd.DataFrame | None = None
@@ -34,20 +41,21 @@ class Audit:
     @classmethod
     def from_raw(cls, raw: RawLog) -> Audit:
         events, tensors = log.build_frames(raw)
-        return cls(events, tensors, complete=raw.complete, error=raw.error)
+        return cls(events, tensors, complete=raw.complete, error=raw.error, hidden=log.build_hidden(raw))
 
     # -- persistence -----------------------------------------------------------------------
     def to_csv(self, path_or_buf=None):
         """Write the audit as one CSV file (README, "The event log"); with no path, return the
         text. ``complete`` and ``error`` are kept; a path is written atomically."""
-        return csvfile.to_csv(self.events, self.tensors, self.complete, path_or_buf, error=self.error)
+        return csvfile.to_csv(self.events, self.tensors, self.complete, path_or_buf, error=self.error,
+                              hidden=self.hidden)
 
     @classmethod
     def read_csv(cls, path_or_buf) -> Audit:
         """Read a CSV written by :meth:`to_csv` (a path, a buffer, or the text itself), exactly.
         A cut, edited or foreign file raises ``ValueError`` naming the line and column."""
         read = csvfile.read_csv(path_or_buf)
-        return cls(read.events, read.tensors, complete=read.complete, error=read.error)
+        return cls(read.events, read.tensors, complete=read.complete, error=read.error, hidden=read.hidden)
 
     # -- analyses ----------------------------------------------------------------------------
     def flow(self) -> analysis.FlowGraph:
@@ -69,8 +77,9 @@ class Audit:
         if self._ops is None:
             ops = analysis.ops_table(self.events, self.tensors, self.flow(), self.facts())
             causes, event_cause = analysis.cause_table(
-                analysis.FlowView(ops, self.flow()), self.facts(), analysis.coverage(ops, self.tensors))
-            self._ops = ops.assign(cause=event_cause)
+                analysis.FlowView(ops, self.flow()), self.facts(), analysis.coverage(ops, self.tensors), self.hidden)
+            # a recording-mode artifact that nothing explains is no hotspot of the plain run
+            self._ops = ops.assign(cause=event_cause, hotspot=ops["hotspot"].to_numpy() & (event_cause > 0))
             self._causes = causes
         return self._ops
 
@@ -98,6 +107,16 @@ class Audit:
         them, and the modules at ``depth`` that cost most."""
         return audit_report(self.ops(), self.hotspots(), self.summary(depth), self.causes(),
                             complete=self.complete, error=self.error, top=top, depth=depth)
+
+    def chrome_trace(self) -> dict:
+        """The audit as a Chrome trace (:mod:`auditor.display.trace`), a dict."""
+        return chrome_trace(self.ops(), self.hidden, self.causes())
+
+    def export_chrome_trace(self, path) -> None:
+        """Write the audit as a Chrome trace JSON file (the name ``torch.profiler`` uses) for
+        Perfetto or chrome://tracing: a slice per op on a track per phase, coloured by kind,
+        hidden copies nested in their op, and an arrow from each cause to its symptoms."""
+        atomic_write(path, lambda tmp: write_chrome_trace(self.chrome_trace(), tmp))
 
     def __repr__(self) -> str:
         state = "complete" if self.complete else "incomplete"

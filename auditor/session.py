@@ -14,6 +14,7 @@ import torch
 
 from .recording.mode import RawLog, RecorderMode, process_group
 from .recording.modules import ForwardModuleTracker
+from .recording.profile import ProfileSession, join
 from .result import Audit
 
 
@@ -22,37 +23,48 @@ class FormatAuditor:
 
     A thin owner of a private ``TorchDispatchMode`` and torch's ``ModuleTracker``, like
     ``torch.utils.flop_counter.FlopCounterMode``. Forward, backward (the autograd engine) and
-    optimizer steps inside the block are all recorded.
+    optimizer steps inside the block are all recorded; ops that other threads run are not.
 
     Args:
         strict: raise :class:`auditor.FormatLossError` at the first op that loses channels_last
             (the tutorial's ``check_wrapper``, but exact about views, copies and ambiguity).
         record_source: also record the user's source line of each op (slower).
-        record_time: also record each op's wall time in ``duration_us`` (see the README on
-            what a Python mode does to timings).
+        record_time: also measure each op: its kernels' time from torch's profiler
+            (``time_us``, without the recorder's own Python), the copies its kernels make
+            (``Audit.hidden``), the time outside ops before it (``gap_us``) and the wall time
+            around it inside the mode (``duration_us``). When a profiler is already running,
+            only ``duration_us`` is measured.
+        profile: with ``record_time``, use torch's profiler (the default); ``False`` measures
+            the wall time around each op alone, at less cost.
     """
 
-    def __init__(self, *, strict: bool = False, record_source: bool = False, record_time: bool = False):
+    def __init__(self, *, strict: bool = False, record_source: bool = False, record_time: bool = False,
+                 profile: bool = True):
         self.strict = strict  # raise FormatLossError at the first loss
         self.record_source = record_source  # the user's file:line per op
-        self.record_time = record_time  # wall time per op (duration_us)
+        self.record_time = record_time  # kernel time per op, the copies inside it, wall time around it
+        self.profile = profile  # record_time through torch's profiler (False: the wall time alone)
         self._audit: Audit | None = None
+        self._state = "new"  # "recording" inside the block, "done" after it
         self._mode: RecorderMode | None = None
         self._tracker: ForwardModuleTracker | None = None
+        self._profile: ProfileSession | None = None
         self._hooks: list = []
 
     @property
     def audit(self) -> Audit:
         """The recorded audit; built on first access, after the block ends."""
         if self._audit is None:
-            if self._mode is None:
+            if self._state == "new":
                 raise RuntimeError("FormatAuditor has not recorded anything yet: use it in a `with` block")
-            if self._tracker is not None:
+            if self._state == "recording":
                 raise RuntimeError("the audit is available once the `with` block has ended")
             raise RuntimeError("no audit was recorded")
         return self._audit
 
     def __enter__(self) -> FormatAuditor:
+        if self._state == "recording":
+            raise RuntimeError("this FormatAuditor is already recording: nest a new FormatAuditor instead")
         self._audit = None
         self._tracker = ForwardModuleTracker()
         self._mode = RecorderMode(
@@ -70,13 +82,17 @@ class FormatAuditor:
         def post(*_):
             mode.optimizer_depth = max(0, mode.optimizer_depth - 1)
 
-        self._hooks = [register_optimizer_step_pre_hook(pre), register_optimizer_step_post_hook(post)]
-        self._tracker.__enter__()
         try:
+            self._hooks = [register_optimizer_step_pre_hook(pre), register_optimizer_step_post_hook(post)]
+            self._tracker.__enter__()
+            if self.record_time and self.profile:
+                self._profile = ProfileSession(record_shapes=True)
+                self._profile.start()  # before the mode, so its own records are inside
             mode.__enter__()
         except BaseException:
             self._teardown()
             raise
+        self._state = "recording"
         return self
 
     def __exit__(self, exc_type, exc, tb):
@@ -84,8 +100,10 @@ class FormatAuditor:
         try:
             mode.__exit__(exc_type, exc, tb)
         finally:
+            result = self._profile.stop() if self._profile is not None else None
             types = dict(self._tracker.types) if self._tracker else {}
             self._teardown()
+            self._state = "done"
             rank, world_size = process_group()
             raw = RawLog(
                 rank=rank,
@@ -96,8 +114,14 @@ class FormatAuditor:
                 module_types=types,
                 complete=exc_type is None,
                 error="" if exc_type is None else f"{exc_type.__name__}: {exc}",
+                compiled=mode.compiled,
             )
+            if result is not None:
+                timing = join([e[0] for e in mode.events], mode.failed, result)
+                raw.time_ns, raw.start_ns, raw.gap_ns, raw.hidden = (
+                    timing.time_ns, timing.start_ns, timing.gap_ns, timing.hidden)
             mode.release()
+            self._mode = None  # the block's buffers go with the Audit built from them
             self._audit = Audit.from_raw(raw)
         return False
 
@@ -105,6 +129,9 @@ class FormatAuditor:
         for h in self._hooks:
             h.remove()
         self._hooks = []
+        if self._profile is not None:
+            self._profile.stop()
+            self._profile = None
         if self._tracker is not None:
             self._tracker.__exit__(None, None, None)
             self._tracker = None
@@ -150,12 +177,19 @@ def record_step(
     """One step of ``model`` on ``inputs`` under a :class:`FormatAuditor`: the forward pass,
     then (``backward``) ``loss_fn(output).backward()`` (default :func:`default_loss`), then
     ``optimizer.step()``. Exceptions from the model propagate."""
-    loss_fn = loss_fn or default_loss
     fa = FormatAuditor(strict=strict, record_source=record_source, record_time=record_time)
     with fa:
-        output = model(*inputs)
-        if backward:
-            loss_to_backward(loss_fn, output).backward()
-            if optimizer is not None:
-                optimizer.step()
+        run_step(model, inputs, backward=backward, loss_fn=loss_fn, optimizer=optimizer)
     return fa.audit
+
+
+def run_step(model: Callable, inputs: tuple, *, backward: bool = True, loss_fn: Callable | None = None,
+             optimizer: torch.optim.Optimizer | None = None) -> object:
+    """One step, unrecorded: the forward pass, then ``loss_fn(output).backward()`` and
+    ``optimizer.step()`` when ``backward``. Returns the output."""
+    output = model(*inputs)
+    if backward:
+        loss_to_backward(loss_fn or default_loss, output).backward()
+        if optimizer is not None:
+            optimizer.step()
+    return output

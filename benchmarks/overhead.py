@@ -10,7 +10,9 @@ outside the timed region. Variants:
 * ``bare mode``: a ``TorchDispatchMode`` whose ``__torch_dispatch__`` only calls the op, the
   floor for any tool built on a Python dispatch mode;
 * ``FormatAuditor``: this library;
-* ``+source``: the same with ``record_source=True`` (what ``auditor.audit`` records by default);
+* ``+source``: the same with ``record_source=True``;
+* ``+source+time``: and ``record_time=True``, kernel times from torch's profiler (what
+  ``auditor.audit`` records by default);
 * ``profiler+shapes``: ``torch.profiler.profile(record_shapes=True)``, CPU activity;
 * ``DebugMode``: ``torch.utils._debug_mode.DebugMode()`` with its defaults.
 
@@ -54,6 +56,7 @@ from torch.utils._debug_mode import DebugMode
 MAX_RATIO_TO_BARE = 1.10
 MAX_SOURCE_COST = 1.15  # recording source lines, against recording without them
 MAX_BYTES_PER_EVENT = 200
+MAX_TIME_DISAGREEMENT = 0.20  # summed kernel times of the timed audit against the plain step
 WARMUP_ROUNDS = 2
 MIN_RUNS = 7
 NOISY_IQR_PERCENT = 25
@@ -89,6 +92,7 @@ VARIANTS = {
     "bare mode": BareMode,
     "FormatAuditor": auditor.FormatAuditor,
     "+source": functools.partial(auditor.FormatAuditor, record_source=True),
+    "+source+time": functools.partial(auditor.FormatAuditor, record_source=True, record_time=True),
     "profiler+shapes": profiler_with_shapes,
     "DebugMode": DebugMode,
 }
@@ -222,6 +226,18 @@ def main(argv=None) -> int:
         )
     print()
 
+    timed_audit = last["+source+time"].audit
+    kernels_ms = float(timed_audit.events["time_us"].sum()) / 1e3
+    outside_ms = float(timed_audit.events["gap_us"].sum()) / 1e3
+    agreement = kernels_ms / med["plain"][0]
+    timed_cost = paired(times["+source+time"][1], times["plain"][0])
+    print(f"Timed audit (+source+time): the step's ops took {kernels_ms:.1f} ms of kernel time by the profiler, "
+          f"{agreement:.3f}x the plain step ({med['plain'][0]:.1f} ms); time outside ops (Python between "
+          f"them, the recorder's own work) {outside_ms:.1f} ms. The timed audit costs {timed_cost:.2f}x a plain "
+          f"step (paired, total incl. the profiler's parsing and DataFrames; "
+          f"{paired(times['+source+time'][0], times['plain'][0]):.2f}x inside the block).")
+    print()
+
     fa_steps, fa_totals, _ = times["FormatAuditor"]
     fa_step_ratio = paired(fa_steps, bare_steps)
     source_ratio = paired(times["+source"][0], fa_steps)
@@ -243,6 +259,11 @@ def main(argv=None) -> int:
             f"source lines cost <= {MAX_SOURCE_COST:.2f}x FormatAuditor without them (paired step)",
             source_ratio <= MAX_SOURCE_COST,
             f"{source_ratio:.3f}x",
+        ),
+        (
+            f"summed kernel times within {MAX_TIME_DISAGREEMENT:.0%} of the plain step",
+            abs(agreement - 1) <= MAX_TIME_DISAGREEMENT,
+            f"{agreement:.3f}x ({kernels_ms:.1f} ms vs {med['plain'][0]:.1f} ms)",
         ),
         (
             f"DataFrame memory <= {MAX_BYTES_PER_EVENT} bytes/event",

@@ -326,10 +326,12 @@ CAUSE_MODELS = {
 }
 
 
-def make_cause(name: str, fixed: bool = False, seed: int = 0):
+def make_cause(name: str, fixed: bool = False, seed: int = 0, shape: tuple[int, ...] | None = None):
     """The planted-cause model (``fixed``: with its cause rewritten away), converted, and one
-    channels_last input for it; the same seed gives the same weights either way."""
-    cls, shape, _ = CAUSE_MODELS[name]
+    channels_last input for it (of ``shape``, else the model's test shape); the same seed gives
+    the same weights either way."""
+    cls, test_shape, _ = CAUSE_MODELS[name]
+    shape = shape or test_shape
     torch.manual_seed(seed)
     fmt = CL if len(shape) == 4 else CL3
     if fixed:

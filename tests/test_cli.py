@@ -65,7 +65,8 @@ def test_writes_every_file_and_prints_the_report(models_file, tmp_path, capsys):
     assert str(out / "events.csv") in printed.out
     assert "recording" in printed.err or "done" in printed.err  # progress on stderr
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["coverage.csv", "events.csv", "heatmap.png", "hotspots.csv", "report.txt", "summary.csv", "timeline.png"]
+    assert names == ["causes.csv", "coverage.csv", "events.csv", "heatmap.png", "hotspots.csv", "report.txt",
+                     "summary.csv", "timeline.png"]
     a = auditor.Audit.read_csv(out / "events.csv")
     assert len(a.hotspots()) == 5
     for png in ("heatmap.png", "timeline.png"):
@@ -345,21 +346,27 @@ def test_record_time_and_record_source_reach_the_audit(models_file, capsys, monk
     assert calls[-1]["record_time"] is True and calls[-1]["record_source"] is True
     assert main([f"{models_file}:small", "--input", "1,3,8,8", "--fix"]) == 0
     assert calls[-1]["record_source"] is True  # a fix names the line to change
-    assert main([f"{models_file}:small", "--input", "1,3,8,8", "--record-time", "--fake"]) == 0
-    assert calls[-1]["record_time"] is True and calls[-1]["fake"] is True
+    assert calls[-1]["record_time"] is True  # on by default
+    assert main([f"{models_file}:small", "--input", "1,3,8,8", "--no-record-time"]) == 0
+    assert calls[-1]["record_time"] is False
+    assert main([f"{models_file}:small", "--input", "1,3,8,8", "--fake"]) == 0
+    assert calls[-1]["record_time"] is False and calls[-1]["fake"] is True  # fakes have no times
+    n = len(calls)
+    assert main([f"{models_file}:small", "--input", "1,3,8,8", "--record-time", "--fake"]) == 2
+    assert len(calls) == n and "fake audit has no times" in capsys.readouterr().err
 
 
 def test_record_time_times_every_op(models_file, tmp_path, capsys, monkeypatch):
     audits = []
     real_audit = auditor.audit
     monkeypatch.setattr(auditor, "audit", lambda *a, **k: audits.append(real_audit(*a, **k)) or audits[-1])
-    assert main([f"{models_file}:small", "--input", "1,3,8,8", "--record-time"]) == 0
-    assert audits[0].events["duration_us"].notna().all()
+    assert main([f"{models_file}:small", "--input", "1,3,8,8"]) == 0
+    assert audits[0].events["duration_us"].notna().all() and audits[0].events["time_us"].notna().all()
 
 
 def test_fix_prints_and_writes_the_suggested_fixes(models_file, tmp_path, capsys):
     out = tmp_path / "out"
-    assert main([f"{models_file}:small", "--input", "1,3,8,8", "--fix", "--out", str(out)]) == 0
+    assert main([f"{models_file}:small", "--input", "1,3,8,8", "--fix", "--trace", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     fixes = (out / "fixes.txt").read_text()
     assert "SoftmaxKeepFormat" in fixes and fixes.strip() in printed

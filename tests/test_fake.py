@@ -133,7 +133,7 @@ def fidelity():
         if name not in cache:
             model, x = zoo_model(name)
             fake = auditor.audit(model, x, fake=True, record_source=False)  # first: the real step leaves gradients
-            real = auditor.audit(model, x, record_source=False)
+            real = auditor.audit(model, x, record_source=False, record_time=False)
             same_hotspots = real.hotspots().equals(fake.hotspots())
             cache[name] = (compare(real, fake), same_hotspots)
         return cache[name]
@@ -199,7 +199,7 @@ def test_planted_models_fake_equals_real(name):
     """The planted breaks: identical events and hotspots; tensors differ only where pinned."""
     model, x = make(name)
     fake = auditor.audit(model, x, fake=True, record_source=False)
-    real = auditor.audit(model, x, record_source=False)
+    real = auditor.audit(model, x, record_source=False, record_time=False)
     assert_frame_equal(fake.events, real.events)
     assert_frame_equal(fake.hotspots(), real.hotspots())
     fid = compare(real, fake)
@@ -210,7 +210,7 @@ def test_planted_models_fake_equals_real(name):
 def test_fake_parameters_are_logged_as_parameters():
     model, x = make("clean")
     fake = auditor.audit(model, x, fake=True, record_source=False)
-    real = auditor.audit(model, x, record_source=False)
+    real = auditor.audit(model, x, record_source=False, record_time=False)
     assert fake.tensors["is_param"].sum() == real.tensors["is_param"].sum() > 0
 
 
@@ -259,7 +259,7 @@ def test_optimizer_step_matches_real():
     model, x = make("clean")
     fake = auditor.audit(model, x, fake=True, record_source=False,
                          optimizer=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
-    real = auditor.audit(model, x, record_source=False,
+    real = auditor.audit(model, x, record_source=False, record_time=False,
                          optimizer=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
     assert (real.events["phase"] == "other").sum() > 0
     assert_frame_equal(fake.events, real.events)
@@ -426,3 +426,12 @@ def test_fake_mode_sits_below_the_recorder_whatever_the_order():
     ops = first.events["op"].astype(str)
     assert (ops == "aten.convolution.default").sum() == 2
     assert set(first.tensors["device"].astype(str)) == {"cpu"}
+
+
+def test_fake_audits_have_no_times():
+    """Fake kernels compute nothing: no times are recorded, and asking for them is an error."""
+    model, x = make("softmax")
+    a = auditor.audit(model, x, fake=True)
+    assert a.events["time_us"].isna().all() and a.events["duration_us"].isna().all() and a.hidden.empty
+    with pytest.raises(ValueError, match="no times"):
+        auditor.audit(model, x, fake=True, record_time=True)

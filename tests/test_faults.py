@@ -234,7 +234,7 @@ def test_csv_cut_inside_a_row_is_refused():
 @pytest.mark.parametrize(
     "column, value, message",
     [
-        ("position", "70000", r"70000 is out of the column's range -1\.\.32767 \(int16\)"),
+        ("position", "300", r"300 is out of the column's range -1\.\.127 \(int8\)"),
         ("item", "-2", r"-2 is out of the column's range -1\.\."),
         ("ndim", "128", r"128 is out of the column's range 0\.\.127 \(int8\)"),
         ("bytes", "9223372036854775808", r"9223372036854775808 is out of the column's range 0\.\.9223372036854775807"),
@@ -252,6 +252,8 @@ def test_csv_cut_inside_a_row_is_refused():
         ("duration_us", "nan", r"'nan' is not a number"),
         ("duration_us", "1.50", r"'1\.50' is not a number"),
         ("duration_us", "-1.0", r"-1\.0 is below the column's lowest value 0"),
+        ("time_us", "1e+39", r"1e\+39 is out of the column's range \(float32\)"),
+        ("gap_us", "-1.0", r"-1\.0 is below the column's lowest value 0"),
         ("phase", "sideways", r"unknown value 'sideways'"),
         ("role", "", r"unknown value ''"),
         ("shape", "(7, 7)", r"unknown value '\(7, 7\)'"),

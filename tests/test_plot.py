@@ -34,7 +34,7 @@ def ink(path) -> float:
 
 
 def test_heatmap_data_rows_and_columns(softmax_audit):
-    data = plot.heatmap_data(softmax_audit, depth=1)
+    data = plot.heatmap_data(softmax_audit, depth=1, value="bytes")
     assert list(data.index) == ["conv1", "mid", "conv2", "<global>"]  # execution order
     assert list(data.columns) == [f"{p} {k}" for p in ("forward", "backward") for k in ("loses", "converts", "restores")]
     assert data.loc["mid", "forward loses"] == 2 * 8 * 8 * 8 * 4
@@ -49,6 +49,38 @@ def test_heatmap_data_rows_and_columns(softmax_audit):
         plot.heatmap_data(softmax_audit, value="time")
     with pytest.raises(ValueError, match="columns"):
         plot.heatmap_data(softmax_audit, columns="phase")
+
+
+def test_figures_show_time_when_the_audit_has_it(softmax_audit):
+    """Timed audits: the heatmap's cells and the top chart's bars are kernel time, ranked by it;
+    untimed ones keep bytes."""
+    hot = softmax_audit.hotspots()
+    data = plot.heatmap_data(softmax_audit)
+    assert data.dtypes.eq("float64").all()
+    assert data.to_numpy().sum() == pytest.approx(hot["time_us"].sum())
+    assert data.loc["mid", "forward loses"] == pytest.approx(
+        hot.loc[(hot["module"] == "mid") & (hot["phase"] == "forward") & (hot["kind"] == "loses"), "time_us"].sum())
+    fig = plot.heatmap(softmax_audit)
+    draw(fig)
+    assert all(t.get_text().endswith("s") for t in fig.axes[0].texts)
+    assert "time" in fig.axes[0].get_title()
+    bars = plot.top_hotspots_data(softmax_audit, by="group")
+    assert bars["time_us"].is_monotonic_decreasing
+    assert np.allclose(bars[["loses", "converts", "restores"]].sum(axis=1), bars["time_us"])
+    by_cause = plot.top_hotspots(softmax_audit)
+    draw(by_cause)
+    ax = by_cause.axes[0]
+    assert ax.get_xlabel() == QUANTITIES["time_us"].label
+    assert all(t.get_text().endswith("s") for t in shown_ticks(ax.xaxis))
+    assert any("fix saves" in t.get_text() for t in ax.texts)
+    model, x = make("softmax")
+    untimed = auditor.audit(model, x, record_time=False)
+    assert plot.heatmap_data(untimed).dtypes.eq("int64").all()
+    assert plot.top_hotspots(untimed).axes[0].get_xlabel() == QUANTITIES["bytes"].label
+    with pytest.raises(ValueError, match="record_time=True"):
+        plot.heatmap_data(untimed, value="time_us")
+    with pytest.raises(ValueError, match="value must be"):
+        plot.top_hotspots_data(softmax_audit, value="count")
 
 
 def test_pngs_are_written_and_not_blank(softmax_audit, tmp_path):
@@ -196,8 +228,8 @@ def top_down(ax) -> list[str]:
 
 def test_heatmap_cells_and_colourbar_read_like_the_report(two_breaks_audit):
     a = two_breaks_audit
-    data = plot.heatmap_data(a)
-    fig = plot.heatmap(a)
+    data = plot.heatmap_data(a, value="bytes")
+    fig = plot.heatmap(a, value="bytes")
     renderer = draw(fig)
     ax = fig.axes[0]
     cells = sorted(t.get_text() for t in ax.texts)
@@ -275,21 +307,23 @@ def test_top_hotspots_name_phase_module_op_and_line(two_breaks_audit):
     a = two_breaks_audit
     hot = a.hotspots()
     bars = plot.top_hotspots_data(a, n=20, by="group")
-    assert len(bars) == len(hot) and bars["bytes"].tolist() == hot["bytes"].tolist()
+    assert len(bars) == len(hot) and bars["time_us"].tolist() == hot["time_us"].tolist()
     assert bars["label"].is_unique
     for label, r in zip(bars["label"], hot.itertuples(), strict=True):
         line = r.source.rsplit(":", 1)[1]
         assert label.split("  ") == [r.phase, r.module, r.op.removeprefix("aten."), f"test_plot.py:{line}"]
-    fig = plot.top_hotspots(a, n=20, by="group")
+    fig = plot.top_hotspots(a, n=20, by="group", value="bytes")
     renderer = draw(fig)
     ax = fig.axes[0]
-    assert top_down(ax) == bars["label"].tolist()  # largest on top
+    by_bytes = plot.top_hotspots_data(a, n=20, by="group", value="bytes")
+    assert by_bytes["bytes"].is_monotonic_decreasing
+    assert top_down(ax) == by_bytes["label"].tolist()  # first on top
     assert isinstance(ax.xaxis.get_major_formatter(), EngFormatter)
     assert all(t.get_text().endswith("B") for t in shown_ticks(ax.xaxis))
     assert ax.xaxis.get_offset_text().get_text() == ""
     assert assert_text_inside(fig, renderer) > len(bars)
 
-    by_line = plot.top_hotspots_data(a, by="source")
+    by_line = plot.top_hotspots_data(a, by="source", value="bytes")
     expected = hot.groupby("source")["bytes"].sum()
     assert by_line["source"].is_unique and len(by_line) == hot["source"].nunique() >= 3
     assert dict(zip(by_line["source"], by_line["bytes"], strict=True)) == expected.to_dict()
@@ -297,9 +331,12 @@ def test_top_hotspots_name_phase_module_op_and_line(two_breaks_audit):
     assert (by_line[["loses", "converts", "restores"]].sum(axis=1) == by_line["bytes"]).all()
     assert by_line["groups"].sum() == len(hot)
     assert all(label.startswith("test_plot.py:") for label in by_line["label"])
-    fig = plot.top_hotspots(a, by="source")
+    fig = plot.top_hotspots(a, by="source", value="bytes")
     draw(fig)
     assert top_down(fig.axes[0]) == by_line["label"].tolist()
+    by_time = plot.top_hotspots_data(a, by="source")
+    assert by_time["time_us"].is_monotonic_decreasing
+    assert np.allclose(by_time[["loses", "converts", "restores"]].sum(axis=1), by_time["time_us"])
     assert len(plot.top_hotspots_data(a, n=2, by="source")) == 2
     with pytest.raises(ValueError, match="by must be one of 'cause', 'group', 'source'"):
         plot.top_hotspots(a, by="module")

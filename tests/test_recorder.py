@@ -351,10 +351,10 @@ def _line_of(text: str) -> int:
 
 def test_record_time():
     model, x = make("clean")
-    a = auditor.audit(model, x, record_time=True)
+    a = auditor.audit(model, x)  # timed by default
     assert a.events["duration_us"].notna().all()
     assert (a.events["duration_us"] >= 0).all()
-    assert auditor.audit(model, x).events["duration_us"].isna().all()
+    assert auditor.audit(model, x, record_time=False).events["duration_us"].isna().all()
 
 
 @pytest.mark.parametrize("options", [{}, {"record_source": True, "record_time": True}])
@@ -572,7 +572,7 @@ def test_results_that_keep_their_inputs_layout_are_logged_as_if_read(monkeypatch
     from auditor import recorder
 
     model, x = tv("resnet18")
-    kept = auditor.audit(model, x, record_source=False)
+    kept = auditor.audit(model, x, record_source=False, record_time=False)
     ops = set(kept.events["op"].astype(str))
     assert {"aten.detach.default", "aten.relu_.default", "aten.add_.Tensor"} <= ops
     monkeypatch.setattr(recorder, "_OP_INFO", {})
@@ -585,7 +585,7 @@ def test_results_that_keep_their_inputs_layout_are_logged_as_if_read(monkeypatch
 
     monkeypatch.setattr(recorder, "_op_info", never_kept)
     model.zero_grad(set_to_none=True)
-    read = auditor.audit(model, x, record_source=False)
+    read = auditor.audit(model, x, record_source=False, record_time=False)
     assert all(not i.keeps_layout for i in recorder._OP_INFO.values())
     assert_frame_equal(kept.tensors, read.tensors)
     assert_frame_equal(kept.events.drop(columns="duration_us"), read.events.drop(columns="duration_us"))

@@ -16,6 +16,7 @@ import pandas as pd
 from ..recording import rules
 from ..recording.formats import base_format
 from .flow import FlowView
+from .timing import REPLACEMENTS, copy_cost, own_saving_us, saving_us, timed
 
 #: Cause kinds: an op lost channels_last unasked, a copy converted it on request, a weight is
 #: stored or rebuilt in another format than its convolution computes in, or data joined the
@@ -54,7 +55,7 @@ PATTERNS: dict[str, str] = {
 
 CAUSE_COLUMNS = [
     "cause", "phase", "module", "module_type", "op", "kind", "pattern", "source", "calls", "hotspots",
-    "bytes", "fix",
+    "bytes", "time_us", "saving_us", "fix",
 ]
 
 _CL = ("channels_last", "channels_last_3d")
@@ -289,6 +290,53 @@ class CauseTracer:
         spatial = int(np.prod(a[2:])) if len(a) > 2 else 1
         return spatial > 1 and len(a) >= 4 and int(np.prod(b)) * spatial == int(np.prod(a))
 
+    # -- what a fix replaces ------------------------------------------------------------------
+    def replaced(self, members: list[int], pattern: str) -> tuple[list[int], list[int]]:
+        """(the ops a fix of the cause at ``members`` replaces, those of them that the one pass
+        replacing them stands in for, :data:`.timing.REPLACEMENTS`).
+
+        Replaced: the members that are not copies (a copy is priced as a symptom) and the
+        backward ops of the forward ones; where the fix is one pass, also the forward op whose
+        backward a member is (the mean whose backward writes contiguous) and the stack a
+        stacked reduction reads when nothing else reads it, which the pass absorbs."""
+        own = [m for m in members if not self.copy[m]]
+        absorbed = []
+        if REPLACEMENTS.get(pattern) == "write":
+            own += [int(self.forward_seq[m]) for m in own if self.phase[m] == "backward" and self.forward_seq[m] >= 0]
+            for m in own:
+                ins = self._image_inputs(m)
+                if ins and self.ndim[ins[0]] > self.rank[ins[0]]:
+                    p = int(self.graph.producer[ins[0]])
+                    if p >= 0 and set(self.graph.consumers.get(p, [])) == {m}:
+                        absorbed.append(p)
+        passes = self._with_backward(own)
+        return sorted(set(passes) | set(self._with_backward(absorbed))), passes
+
+    def _with_backward(self, events: list[int]) -> list[int]:
+        forward = [e for e in events if self.phase[e] != "backward"]
+        backward = np.flatnonzero(np.isin(self.forward_seq, forward)) if forward else []
+        return sorted(set(events) | {int(b) for b in backward})
+
+    def result_bytes(self) -> np.ndarray:
+        """Per event, the bytes of its (first) result; 0 for an event without one."""
+        out = np.zeros(len(self.op))
+        rows = np.flatnonzero(self.is_out)
+        events, first = np.unique(self.seq[rows], return_index=True)
+        out[events] = self.size[rows[first]]
+        return out
+
+    def pass_bytes(self, events: list[int]) -> list[float]:
+        """The bytes a pass standing in for each of ``events`` moves: per op that is not a view,
+        the larger of its result and its largest image input."""
+        moved = []
+        for e in events:
+            if self.view.kind[e] == rules.VIEW:
+                continue
+            out = self._output(e)
+            sizes = [int(self.size[r]) for r in self._image_inputs(e)] + ([int(self.size[out])] if out >= 0 else [])
+            moved.append(float(max(sizes, default=0)))
+        return moved
+
     def _kernel_missing(self, e: int) -> bool:
         """Coverage says this op never, or not always, keeps channels_last on this device."""
         cov = self.coverage
@@ -309,18 +357,24 @@ def _shape(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.strip("()").split(",") if x.strip())
 
 
-def cause_table(view: FlowView, facts: pd.DataFrame, coverage: pd.DataFrame | None = None
-                ) -> tuple[pd.DataFrame, np.ndarray]:
-    """(one row per cause, ranked by bytes; the cause id of every event, 0 where none).
+def cause_table(view: FlowView, facts: pd.DataFrame, coverage: pd.DataFrame | None = None,
+                hidden: pd.DataFrame | None = None) -> tuple[pd.DataFrame, np.ndarray]:
+    """(one row per cause, costliest first; the cause id of every event, 0 where none).
 
     Causes are grouped per line: (phase, op, source, kind) when source lines were recorded,
     (phase, module, op, kind) otherwise. ``hotspots`` counts the hotspot ops a cause leads to,
-    itself included, and ``bytes`` sums theirs.
+    itself included; ``bytes``, ``time_us`` (their kernel time) and ``saving_us`` (what a fix
+    is expected to save, :mod:`.timing`) sum theirs, and a rebuilt weight's own copy. Timed
+    causes rank by ``saving_us``, untimed ones by ``bytes``. A hotspot the recording mode made
+    itself (``events.artifact``: an out-of-place gradient sum) and that nothing upstream
+    explains gets no cause: a plain run does not do it.
     """
     ops = view.ops
     tracer = CauseTracer(view, facts, coverage)
     hot = np.flatnonzero(ops["hotspot"].to_numpy())
+    artifact = ops["artifact"].to_numpy() if "artifact" in ops else np.zeros(len(ops), dtype=bool)
     traced = {int(h): tracer.cause(int(h)) for h in hot}
+    traced = {h: c for h, c in traced.items() if not (artifact[c[0]] and c[0] == h)}
     cause_events = {c for c, _ in traced.values()}
     roots = {c: tracer.root(c, cause_events) for c in cause_events}
     kinds: dict[int, str] = {}
@@ -331,11 +385,14 @@ def cause_table(view: FlowView, facts: pd.DataFrame, coverage: pd.DataFrame | No
     group_of_event = np.zeros(len(ops), dtype=np.int64)
     for h, (c, _) in traced.items():
         group_of_event[h] = order[keys[roots[c]]] + 1
-    table = _cause_rows(view, tracer, keys, kinds, order, group_of_event)
+    result_bytes = tracer.result_bytes()
+    cost = copy_cost(ops, hidden, result_bytes)
+    table = _cause_rows(view, tracer, keys, kinds, order, group_of_event,
+                        saving_us(ops, hidden, result_bytes, cost), hidden, cost)
     if table.empty:
-        return table, group_of_event
-    # number causes by cost, largest first
-    ranked = table.sort_values(["bytes", "first_seq"], ascending=[False, True], kind="stable")
+        return table[CAUSE_COLUMNS], group_of_event
+    by = ["saving_us", "time_us", "bytes"] if timed(ops) else ["bytes"]
+    ranked = table.sort_values([*by, "first_seq"], ascending=[False] * len(by) + [True], kind="stable")
     renumber = np.zeros(len(order) + 1, dtype=np.int64)
     renumber[ranked["cause"].to_numpy()] = np.arange(1, len(ranked) + 1)
     ranked = ranked.assign(cause=renumber[ranked["cause"].to_numpy()]).reset_index(drop=True)
@@ -348,9 +405,11 @@ def _group_key(view: FlowView, r: int, kind: str) -> tuple:
     return view.phase[r], view.module[r], view.op[r], kind
 
 
-def _cause_rows(view, tracer: CauseTracer, keys, kinds, order, group_of_event) -> pd.DataFrame:
+def _cause_rows(view, tracer: CauseTracer, keys, kinds, order, group_of_event, saving: np.ndarray,
+                hidden: pd.DataFrame | None, cost) -> pd.DataFrame:
     ops = view.ops
     nbytes = ops["bytes"].to_numpy()
+    time = ops["time_us"].to_numpy() if "time_us" in ops else np.full(len(ops), np.nan)
     rows = []
     for key, number in order.items():
         members = sorted(r for r, k in keys.items() if k == key)
@@ -358,21 +417,35 @@ def _cause_rows(view, tracer: CauseTracer, keys, kinds, order, group_of_event) -
         kind = kinds[first]
         pattern = tracer.pattern(first, kind)
         symptoms = np.flatnonzero(group_of_event == number + 1)
-        own = 0  # a weight rebuilt every step: the rebuilding copy is part of its cost
-        if kind == WEIGHT:
-            own = sum(int(tracer.size[tracer._output(m)]) for m in members
-                      if not tracer.is_conv[m] and m not in set(symptoms.tolist()) and tracer._output(m) >= 0)
+        # a weight rebuilt every step: the rebuilding copy is part of its cost
+        rebuilt = [m for m in members if kind == WEIGHT and not tracer.is_conv[m] and m not in set(symptoms.tolist())
+                   and tracer._output(m) >= 0]
+        rebuilt_bytes = sum(int(tracer.size[tracer._output(m)]) for m in rebuilt)
+        own, passes = ([], []) if kind == WEIGHT else tracer.replaced(members, pattern)
+        others = [int(h) for h in symptoms if h not in set(own)]
+        own_saving = own_saving_us(ops, hidden, pattern, own, tracer.pass_bytes(passes), cost)
         rows.append({
             "cause": number + 1, "phase": view.phase[first], "module": view.module[first],
             "module_type": str(ops.at[first, "module_type"]), "op": view.op[first], "kind": kind,
             "pattern": pattern, "source": view.source[first], "calls": len(members),
-            "hotspots": len(symptoms), "bytes": int(nbytes[symptoms].sum()) + own,
+            "hotspots": len(symptoms), "bytes": int(nbytes[symptoms].sum()) + rebuilt_bytes,
+            "time_us": _total(time, sorted({*symptoms.tolist(), *own, *rebuilt})),
+            "saving_us": _total(saving, others, 0.0) + own_saving + _total(time, rebuilt, 0.0),
             "fix": _fix_text(view, tracer, first, pattern), "first_seq": first,
         })
     if not rows:
-        return pd.DataFrame({c: pd.Series(dtype="int64" if c in ("cause", "calls", "hotspots", "bytes") else "object")
-                             for c in CAUSE_COLUMNS + ["first_seq"]})
+        numeric = {"cause": "int64", "calls": "int64", "hotspots": "int64", "bytes": "int64",
+                   "time_us": "float64", "saving_us": "float64", "first_seq": "int64"}
+        return pd.DataFrame({c: pd.Series(dtype=numeric.get(c, "object")) for c in CAUSE_COLUMNS + ["first_seq"]})
     return pd.DataFrame(rows)
+
+
+def _total(values: np.ndarray, rows: list[int], empty: float = float("nan")) -> float:
+    """The sum over ``rows``, NaN when none of them is measured (``empty`` when there are none)."""
+    if not rows:
+        return empty
+    picked = values[rows]
+    return float(np.nansum(picked)) if not np.isnan(picked).all() else float("nan")
 
 
 def _fix_text(view: FlowView, tracer: CauseTracer, c: int, pattern: str) -> str:

@@ -132,17 +132,20 @@ def _layout_independent_copies(events, tensors, facts, kind) -> tuple[np.ndarray
 
 HOTSPOT_COLUMNS = [
     "phase", "module", "module_type", "op", "kind", "from_format", "to_format",
-    "count", "bytes", "share", "source", "first_seq", "cause",
+    "count", "bytes", "share", "source", "first_seq", "cause", "time_us",
 ]
 
 
 def hotspots(ops: pd.DataFrame) -> pd.DataFrame:
     """One row per hotspot group (phase, module, op, source, kind, and cause when the ops
-    table has causes), largest ``bytes`` first."""
+    table has causes): ``time_us`` is the groups' kernel time (the profiler's, else the wall
+    time around each op, NaN when untimed), largest first when timed, else largest ``bytes``
+    first."""
     hot = ops[ops["hotspot"]]
     if "cause" not in ops:
         hot = hot.assign(cause=0)
-    timed = ops["duration_us"].notna().any()
+    time_col = next((c for c in ("time_us", "duration_us") if c in ops and ops[c].notna().any()), None)
+    hot = hot.assign(_time=hot[time_col] if time_col else np.nan)
     agg = {
         "module_type": ("module_type", "first"),
         "from_format": ("from_format", "first"),
@@ -150,18 +153,17 @@ def hotspots(ops: pd.DataFrame) -> pd.DataFrame:
         "count": ("seq", "size"),
         "bytes": ("bytes", "sum"),
         "first_seq": ("seq", "min"),
+        "time_us": ("_time", lambda t: t.sum(min_count=1)),
     }
-    if timed:
-        agg["time_us"] = ("duration_us", "sum")
-    cols = HOTSPOT_COLUMNS + (["time_us"] if timed else [])
     if hot.empty:
         numeric = {"count": "int64", "bytes": "int64", "share": "float64", "first_seq": "int64", "time_us": "float64",
                    "cause": "int64"}
-        return pd.DataFrame({c: pd.Series(dtype=numeric.get(c, "object")) for c in cols})
+        return pd.DataFrame({c: pd.Series(dtype=numeric.get(c, "object")) for c in HOTSPOT_COLUMNS})
     g = hot.groupby([*HOTSPOT_KEYS, "cause"], observed=True, sort=False).agg(**agg).reset_index()
     total = g["bytes"].sum()
     g["share"] = g["bytes"] / total if total else 0.0
-    g = g.sort_values(["bytes", "first_seq"], ascending=[False, True], ignore_index=True)
+    by = ["time_us", "bytes"] if time_col else ["bytes"]
+    g = g.sort_values([*by, "first_seq"], ascending=[False] * len(by) + [True], ignore_index=True)
     for c in ("phase", "module", "module_type", "op", "kind", "from_format", "to_format", "source"):
         g[c] = g[c].astype(str)
-    return g[cols]
+    return g[HOTSPOT_COLUMNS]

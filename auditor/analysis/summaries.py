@@ -28,9 +28,10 @@ LAYOUT_INDEPENDENT = "<layout-independent copies>"
 
 def summary(ops: pd.DataFrame, depth: int = 1) -> pd.DataFrame:
     """Per module at ``depth``, in execution order: ops, views, losses, conversions, hotspots,
-    hotspot bytes and their share of the total. When the ops table marks copies that would
-    happen in any layout, a last row :data:`LAYOUT_INDEPENDENT` counts them (``ops`` and
-    ``conversions``) and their ``bytes``, with ``share`` 0: they are not format costs."""
+    hotspot bytes and their share of the total, and the hotspots' kernel time (``time_us``, NaN
+    when untimed). When the ops table marks copies that would happen in any layout, a last row
+    :data:`LAYOUT_INDEPENDENT` counts them (``ops`` and ``conversions``), their ``bytes`` and
+    time, with ``share`` 0: they are not format costs."""
     df = pd.DataFrame(
         {
             "module": module_at_depth(ops["module"], depth),
@@ -40,6 +41,7 @@ def summary(ops: pd.DataFrame, depth: int = 1) -> pd.DataFrame:
             "conversion": ops["kind"].isin([rules.CONVERTS, rules.RESTORES]).to_numpy(),
             "hotspot": ops["hotspot"].to_numpy(),
             "hot_bytes": np.where(ops["hotspot"].to_numpy(), ops["bytes"].to_numpy(), 0),
+            "hot_time": np.where(ops["hotspot"].to_numpy(), _times(ops), 0.0),
         }
     )
     g = df.groupby("module", sort=False).agg(
@@ -50,16 +52,29 @@ def summary(ops: pd.DataFrame, depth: int = 1) -> pd.DataFrame:
         conversions=("conversion", "sum"),
         hotspots=("hotspot", "sum"),
         bytes=("hot_bytes", "sum"),
+        time_us=("hot_time", "sum"),
     )
     total = g["bytes"].sum()
     g["share"] = g["bytes"] / total if total else 0.0
+    g = g[["first_seq", "ops", "views", "losses", "conversions", "hotspots", "bytes", "share", "time_us"]]
+    if np.isnan(_times(ops)).all():
+        g["time_us"] = np.nan
     g = g.sort_values("first_seq").drop(columns="first_seq").reset_index()
     if "layout_independent" in ops and ops["layout_independent"].any():
         copies = ops[ops["layout_independent"]]
         row = {"module": LAYOUT_INDEPENDENT, "ops": len(copies), "views": 0, "losses": 0, "conversions": len(copies),
-               "hotspots": 0, "bytes": int(copies["bytes"].sum()), "share": 0.0}
+               "hotspots": 0, "bytes": int(copies["bytes"].sum()), "share": 0.0,
+               "time_us": float(np.nansum(_times(copies))) if not np.isnan(_times(copies)).all() else np.nan}
         g = pd.concat([g, pd.DataFrame([row]).astype(g.dtypes.to_dict())], ignore_index=True)
     return g
+
+
+def _times(ops: pd.DataFrame) -> np.ndarray:
+    """Per op, its kernel time (the profiler's, else the wall time around it; NaN when untimed)."""
+    for col in ("time_us", "duration_us"):
+        if col in ops and ops[col].notna().any():
+            return ops[col].to_numpy(dtype=np.float64)
+    return np.full(len(ops), np.nan)
 
 
 def coverage(ops: pd.DataFrame, tensors: pd.DataFrame) -> pd.DataFrame:

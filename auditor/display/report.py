@@ -9,7 +9,7 @@ import pandas as pd
 
 from ..recording import rules
 from .tables import shorten
-from .units import format_bytes
+from .units import format_bytes, format_us
 
 #: Symptoms listed under one cause before "... and N more".
 SYMPTOMS_SHOWN = 4
@@ -29,12 +29,14 @@ def audit_report(ops: pd.DataFrame, hot: pd.DataFrame, summary: pd.DataFrame, ca
     if len(hot):
         lines.append("")
         lines.extend(_cause_lines(causes, hot, top) if causes is not None and len(causes) else _hotspot_lines(hot, top))
+        timed = "time_us" in summary and summary["time_us"].notna().any()
         summ = summary[(summary["bytes"] > 0) & (summary["hotspots"] > 0)]
-        summ = summ.sort_values("bytes", ascending=False).head(5)
+        summ = summ.sort_values("time_us" if timed else "bytes", ascending=False).head(5)
         lines.append("")
-        lines.append(f"Modules with most hotspot bytes (depth {depth}):")
+        lines.append(f"Modules with most hotspot {'time' if timed else 'bytes'} (depth {depth}):")
         for r in summ.itertuples():
-            lines.append(f"  {r.module:30} {r.hotspots:>4} hotspots {format_bytes(r.bytes):>9} {r.share:6.1%}")
+            when = f" {format_us(r.time_us):>9}" if timed else ""
+            lines.append(f"  {r.module:30} {r.hotspots:>4} hotspots {format_bytes(r.bytes):>9} {r.share:6.1%}{when}")
     else:
         lines.append("  No losses or conversions between convolutions: channels_last propagates.")
     return "\n".join(lines)
@@ -58,6 +60,8 @@ def _totals(ops: pd.DataFrame, hot: pd.DataFrame, causes, complete: bool, error:
         f"Hotspots: {n_causes}{len(hot)} groups, {len(hot_ops)} ops, {format_bytes(hot_ops['bytes'].sum())} moved "
         f"(forward {format_bytes(by_phase.get('forward', 0))}, backward {format_bytes(by_phase.get('backward', 0))})"
     )
+    if "time_us" in ops and ops["time_us"].notna().any():
+        lines.extend(_time_lines(ops, causes))
     independent = ops[ops["layout_independent"]] if "layout_independent" in ops else ops.iloc[:0]
     if len(independent):
         lines.append(
@@ -76,24 +80,43 @@ def _totals(ops: pd.DataFrame, hot: pd.DataFrame, causes, complete: bool, error:
     return lines
 
 
+def _time_lines(ops: pd.DataFrame, causes) -> list[str]:
+    """Where the step's time went: the ops, the hotspots among them, and the time between ops."""
+    total = ops["time_us"].sum()
+    hot = ops.loc[ops["hotspot"], "time_us"].sum()
+    lines = [f"  time: ops {format_us(total)}, of which hotspots {format_us(hot)}"
+             + (f" ({hot / total:.1%})" if total else "")
+             + (f"; fixing every cause would save about {format_us(causes['saving_us'].sum())}"
+                if causes is not None and len(causes) and causes["saving_us"].notna().any() else "")]
+    if "gap_us" in ops and ops["gap_us"].notna().any():
+        lines.append(f"  time outside ops (the step's Python, module calls, the autograd engine): "
+                     f"{format_us(ops['gap_us'].sum())}")
+    if "artifact" in ops and ops["artifact"].any():
+        lines.append(f"  {int(ops['artifact'].sum())} gradient sums ran out of place only because a recorder "
+                     "was active (events.artifact); they are never causes")
+    return lines
+
+
 def _cause_lines(causes: pd.DataFrame, hot: pd.DataFrame, top: int) -> list[str]:
     """Each cause: what and where, the fix, and its symptoms, largest first."""
-    lines = [f"Causes, most bytes first ({len(causes)}; Audit.causes(), symptoms in Audit.hotspots()):"]
+    timed = "saving_us" in causes and causes["saving_us"].notna().any()
+    order = "most time saved" if timed else "most bytes"
+    lines = [f"Causes, {order} first ({len(causes)}; Audit.causes(), symptoms in Audit.hotspots()):"]
     for c in causes.head(top).itertuples():
         where = f"{c.module} ({c.module_type})" if c.module_type else c.module
-        lines.append(
-            f"  {c.cause:>2}. {c.phase} {c.op} {c.kind} [{c.pattern}] in {shorten(where, 40)}: "
-            f"{c.hotspots} hotspot ops, {format_bytes(c.bytes)}"
-        )
+        lines.append(f"  {c.cause:>2}. [{c.pattern}] {c.phase} {c.op} {c.kind} in {shorten(where, 50)}")
+        cost = f", {format_us(c.time_us)}; a fix saves about {format_us(c.saving_us)}" if timed else ""
+        lines.append(f"      {c.hotspots} hotspot ops, {format_bytes(c.bytes)}{cost}")
         if c.source:
             lines.append(f"      at {c.source}")
         for i, part in enumerate(textwrap.wrap(c.fix, 110)):
             lines.append(f"      {'fix:' if i == 0 else '    '} {part}")
         mine = hot[hot["cause"] == c.cause]
         for s in mine.head(SYMPTOMS_SHOWN).itertuples():
+            when = f" {format_us(s.time_us):>9}" if s.time_us == s.time_us else ""
             lines.append(
                 f"      - {s.phase:8} {shorten(s.module, 24):24} {shorten(s.op, 40):40} {s.kind:8} "
-                f"{s.count:>3}x {format_bytes(s.bytes):>9}"
+                f"{s.count:>3}x {format_bytes(s.bytes):>9}{when}"
             )
         if len(mine) > SYMPTOMS_SHOWN:
             lines.append(f"      ... and {len(mine) - SYMPTOMS_SHOWN} more hotspot groups")

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from matplotlib.axis import Axis
 from matplotlib.ticker import EngFormatter, Formatter, MaxNLocator, StrMethodFormatter
 
-#: Formatters for plot axes (``ax.xaxis.set_major_formatter(BYTES)``).
+#: Formatters for text only: a formatter binds to the axis it formats, so axes get their own
+#: from :meth:`Quantity.axis_formatter`.
 BYTES = EngFormatter(unit="B", places=1)
 SECONDS = EngFormatter(unit="s", places=1)
 
@@ -32,7 +33,7 @@ def format_us(us: float) -> str:
 
 @dataclass(frozen=True)
 class Quantity:
-    """One kind of value a figure shows (bytes, a count, later a time): how it reads as text and
+    """One kind of value a figure shows (bytes, a count, a time): how it reads as text and
     on an axis, so that adding a kind is one entry in :data:`QUANTITIES`, not a change to every
     figure."""
 
@@ -70,7 +71,7 @@ class _ScaledEngFormatter(EngFormatter):
 
 
 #: The value kinds figures know, by name: ``bytes`` (permuted bytes), ``count`` (hotspot ops),
-#: ``time_us`` (op wall time in µs).
+#: ``time_us`` (kernel time in µs, stored in µs and read in s).
 QUANTITIES = {
     "bytes": Quantity("bytes moved", format_bytes, unit="B"),
     "count": Quantity("hotspot ops", lambda n: f"{int(n)}"),

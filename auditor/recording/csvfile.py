@@ -11,12 +11,13 @@ the previous row's, so a changed, moved, repeated or missing row is found and na
               order, so categories no row uses survive
     tensor    one tensor with its event's cells
     event     an event without tensors (its tensor cells are empty)
+    hidden    one copy made inside an op (``Audit.hidden``), in the ``hidden.*`` cells
     end       the number of ``tensor`` and ``event`` rows, in ``value``: without it, the file
               was cut
 
-Every column of ``log.EVENT_COLUMNS`` and ``log.TENSOR_COLUMNS`` is written and checked by the
-rule of its dtype, read from those dicts at each call, so a column added there needs nothing
-here. Text that a spreadsheet would run as a formula is prefixed with ``'``.
+Every column of ``log.EVENT_COLUMNS``, ``log.TENSOR_COLUMNS`` and ``profile.HIDDEN_COLUMNS`` is
+written and checked by the rule of its dtype, read from those dicts at each call, so a column
+added there needs nothing here. Text that a spreadsheet would run as a formula is prefixed with ``'``.
 
 Every file this package writes goes through :func:`atomic_write`, so an interrupted write
 never leaves a file that looks complete.
@@ -37,12 +38,13 @@ import numpy as np
 import pandas as pd
 
 from . import log
+from .profile import HIDDEN_COLUMNS
 
 FORMAT_VERSION = "2"
 RECORD, VALUE, CRC = "record", "value", "crc32"
 
 #: Where each kind of row may come: version, complete, error, categories, data, end.
-_RANK = {"version": 0, "complete": 1, "error": 2, "category": 3, "event": 4, "tensor": 4, "end": 5}
+_RANK = {"version": 0, "complete": 1, "error": 2, "category": 3, "event": 4, "tensor": 4, "hidden": 5, "end": 6}
 _ONCE = ("version", "complete", "error", "end")
 _DATA = ("event", "tensor")
 
@@ -50,7 +52,7 @@ _DATA = ("event", "tensor")
 #: position and item); every other column may hold any value of its dtype.
 _LOWEST: dict[str, float] = {
     "seq": 0, "position": -1, "item": -1, "tid": 0, "ndim": 0, "storage_offset": 0, "bytes": 0,
-    "rank": 0, "world_size": 1, "duration_us": 0.0,
+    "rank": 0, "world_size": 1, "duration_us": 0.0, "time_us": 0.0, "start_us": 0.0, "gap_us": 0.0, "forward_seq": -1,
 }
 
 #: A text cell starting with one of these gets a ``'`` in front (OWASP, "CSV injection"); so does
@@ -62,17 +64,18 @@ _ENCODING, _ERRORS = "utf-8", "surrogatepass"  # an exception text may hold lone
 
 
 class CsvAudit(NamedTuple):
-    """What :func:`read_csv` returns: the two tables and how the recording ended."""
+    """What :func:`read_csv` returns: the three tables and how the recording ended."""
 
     events: pd.DataFrame
     tensors: pd.DataFrame
     complete: bool
     error: str
+    hidden: pd.DataFrame
 
 
 class _Column(NamedTuple):
     name: str  # in the file
-    table: str  # "events" or "tensors"
+    table: str  # "events", "tensors" or "hidden"
     key: str  # in that table
     dtype: str
 
@@ -97,6 +100,7 @@ def _columns() -> list[_Column]:
     for c, d in log.TENSOR_COLUMNS.items():
         name = f"tensor.{c}" if c in log.EVENT_COLUMNS and c != "seq" else c
         cols.append(_Column(name, "tensors", c, d))
+    cols.extend(_Column(f"hidden.{c}", "hidden", c, d) for c, d in HIDDEN_COLUMNS.items())
     clash = {RECORD, VALUE, CRC} & {c.name for c in cols}
     if clash:
         raise RuntimeError(f"schema columns {sorted(clash)} clash with the CSV file's own columns")
@@ -137,10 +141,13 @@ def _joined(cells) -> bytes:
 
 
 # -- writing -----------------------------------------------------------------------------------
-def to_csv(events: pd.DataFrame, tensors: pd.DataFrame, complete: bool, path_or_buf=None, error: str = ""):
+def to_csv(events: pd.DataFrame, tensors: pd.DataFrame, complete: bool, path_or_buf=None, error: str = "",
+           hidden: pd.DataFrame | None = None):
     """Write the log as one CSV file (format above); with no ``path_or_buf``, return the text.
     A path is written atomically (:func:`atomic_write`)."""
-    text = _render(events, tensors, complete, error)
+    if hidden is None:
+        hidden = log.hidden_frame(pd.DataFrame({c: [] for c in HIDDEN_COLUMNS}))
+    text = _render(events, tensors, complete, error, hidden)
     if path_or_buf is None:
         return text
     if isinstance(path_or_buf, (str, os.PathLike)):
@@ -153,23 +160,32 @@ def to_csv(events: pd.DataFrame, tensors: pd.DataFrame, complete: bool, path_or_
     return None
 
 
-def _render(events: pd.DataFrame, tensors: pd.DataFrame, complete: bool, error: str) -> str:
+def _render(events: pd.DataFrame, tensors: pd.DataFrame, complete: bool, error: str, hidden: pd.DataFrame) -> str:
     """The file's text: every row built as cells first, so that the checksums cover exactly
     the cells that the reader will see."""
     cols = _columns()
     names = list(dict.fromkeys(c.name for c in cols))
     blank = [""] * len(names)
     kinds, event_of_row, tensor_of_row = _data_layout(events, tensors)
+    n_hidden = len(hidden)
+    if n_hidden and ((hidden["seq"].to_numpy() < 0).any() or (hidden["seq"].to_numpy() >= len(events)).any()
+                     or (np.diff(hidden["seq"].to_numpy()) < 0).any()):
+        raise ValueError("hidden['seq'] must name events, in order of seq")
+    none = np.full(n_hidden, -1)
+    hidden_index = np.concatenate([np.full(len(kinds), -1), np.arange(n_hidden)])
     cells, categories = {}, {}
     for col in cols:
         if col.name in cells:  # the tensors' seq: the file's seq column is the events'
             continue
-        frame, index = (events, event_of_row) if col.table == "events" else (tensors, tensor_of_row)
+        frame, index = {"events": (events, np.concatenate([event_of_row, none])),
+                        "tensors": (tensors, np.concatenate([tensor_of_row, none])),
+                        "hidden": (hidden, hidden_index)}[col.table]
         text, cats = _cells(col, frame[col.key])
         cells[col.name] = text[index]
         if cats is not None:
             categories[col.name] = cats
     columns = [cells[name] for name in names]
+    kinds = kinds + ["hidden"] * n_hidden
 
     rows = [["version", *blank, FORMAT_VERSION], ["complete", *blank, str(bool(complete))],
             ["error", *blank, _escape(error)]]
@@ -180,7 +196,7 @@ def _render(events: pd.DataFrame, tensors: pd.DataFrame, complete: bool, error: 
             row[at] = _escape(cat)
             rows.append(row)
     rows.extend(zip(kinds, *columns, [""] * len(kinds)))
-    rows.append(["end", *blank, str(len(kinds))])
+    rows.append(["end", *blank, str(len(kinds) - n_hidden)])
 
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\r\n")  # CR and LF in a cell are then quoted
@@ -248,7 +264,8 @@ def read_csv(path_or_buf) -> CsvAudit:
     _check_crc(lines, rows)
     events = pd.DataFrame({c.key: values[c][first] for c in cols if c.table == "events"})
     tensors = pd.DataFrame({c.key: values[c] for c in cols if c.table == "tensors"})
-    return CsvAudit(events, tensors, body.meta("complete") == "True", _unescape(body.meta("error")))
+    hidden = pd.DataFrame({c.key: values[c] for c in cols if c.table == "hidden"})
+    return CsvAudit(events, tensors, body.meta("complete") == "True", _unescape(body.meta("error")), hidden)
 
 
 def _read_text(source) -> str:
@@ -327,6 +344,7 @@ class _Body:
         self._check_kinds()
         self.data = np.flatnonzero(np.isin(self.kind, _DATA))
         self.tensor = np.flatnonzero(self.kind == "tensor")
+        self.hidden = np.flatnonzero(self.kind == "hidden")
         self._check_stray_cells()
         self._check_meta()
 
@@ -356,7 +374,8 @@ class _Body:
         allowed[~np.isin(self.kind, _DATA), self.where[VALUE]] = True
         events = [self.where[c.name] for c in self.cols if c.table == "events"]
         allowed[np.ix_(self.data, events)] = True
-        allowed[np.ix_(self.tensor, [self.where[c.name] for c in self.cols])] = True
+        allowed[np.ix_(self.hidden, [self.where[c.name] for c in self.cols if c.table == "hidden"])] = True
+        allowed[np.ix_(self.tensor, [self.where[c.name] for c in self.cols if c.table != "hidden"])] = True
         for row in np.flatnonzero(self.kind == "category"):
             named = self.where.get(self.grid[row, self.where[VALUE]])
             if named is None or named in (0, self.where[VALUE], self.where[CRC]):
@@ -415,7 +434,7 @@ class _Body:
     def column(self, col: _Column, categories: list[str] | None):
         """One schema column over its rows (every data row for events, tensor rows for
         tensors), checked and typed by its dtype's rule."""
-        rows = self.data if col.table == "events" else self.tensor
+        rows = {"events": self.data, "tensors": self.tensor, "hidden": self.hidden}[col.table]
         cells = self.grid[rows, self.where[col.name]]
         rule = _rule(col)
         if rule == "category":
@@ -441,6 +460,11 @@ class _Body:
         first, owner = self._check_seq(seq.astype(np.int64))
         self._check_event_cells(first[owner], seq)
         self._check_duplicate_tensors({c.key: values[c] for c in self.cols if c.table == "tensors"})
+        hidden_seq = next(values[c] for c in self.cols if c.table == "hidden" and c.key == "seq").astype(np.int64)
+        bad = (hidden_seq >= len(first)) | (np.diff(hidden_seq, prepend=0) < 0)
+        if bad.any():
+            at = int(np.argmax(bad))
+            raise self._fail(self.hidden[at], "hidden.seq", f"seq {hidden_seq[at]} names no event in order")
         return first
 
     def _check_seq(self, seq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -508,6 +532,7 @@ def _int_parser(col: _Column) -> Callable[[str], int]:
 
 def _float_parser(col: _Column) -> Callable[[str], float]:
     low = _LOWEST.get(col.key, -math.inf)
+    high = float(np.finfo(col.dtype).max)
 
     def parse(cell: str) -> float:
         if cell == "":
@@ -520,6 +545,8 @@ def _float_parser(col: _Column) -> Callable[[str], float]:
             raise ValueError(f"{cell!r} is not a number")
         if value < low:
             raise ValueError(f"{cell} is below the column's lowest value {low}")
+        if abs(value) > high:
+            raise ValueError(f"{cell} is out of the column's range ({col.dtype})")
         return value
 
     return parse

@@ -11,8 +11,9 @@ import numpy as np
 import pandas as pd
 
 from .formats import LABELS, format_label, nbytes
-from .mode import PHASES, ROLES, TENSOR_FIELDS, RawLog, op_info
+from .mode import BACKWARD, PHASES, ROLES, TENSOR_FIELDS, RawLog, op_info
 from .modules import module_names
+from .profile import HIDDEN_COLUMNS  # noqa: F401  (the schema of Audit.hidden, with the others)
 
 #: column -> dtype of ``Audit.events``. "category" columns list their categories below when
 #: the vocabulary is fixed; free categoricals take their sorted distinct values.
@@ -26,8 +27,14 @@ EVENT_COLUMNS: dict[str, str] = {
     "requested_format": "category",
     "in_format": "category",
     "out_format": "category",
-    "duration_us": "float64",
-    "forward_seq": "int32",
+    # times in µs, float32 (7 digits: 0.01 µs for a 100 ms op); NaN where not measured
+    "duration_us": "float32",  # wall time around the op inside the mode, with the recorder's Python
+    "time_us": "float32",  # the op's own kernels, by the profiler
+    "start_us": "float32",  # when those began, from the recording's start (1 µs steps past 16 s)
+    "gap_us": "float32",  # CPU time between the previous op and this one, outside any op
+    "forward_seq": "int32",  # a backward op: the forward op whose autograd node ran it (else -1)
+    "artifact": "bool",  # the recording mode made it: a plain run does it in place
+    "compiled": "bool",  # ran inside a torch.compile'd callable
     "rank": "int16",
     "world_size": "int16",
 }
@@ -36,7 +43,7 @@ EVENT_COLUMNS: dict[str, str] = {
 TENSOR_COLUMNS: dict[str, str] = {
     "seq": "int32",
     "role": "category",
-    "position": "int16",
+    "position": "int8",  # the argument's index in the op's schema (aten ops have fewer than 128)
     "item": "int16",
     "arg": "category",
     "tid": "int32",
@@ -148,7 +155,12 @@ def build_frames(raw: RawLog) -> tuple[pd.DataFrame, pd.DataFrame]:
             "in_format": _from_codes(labels_and_none, in_format, "in_format"),
             "out_format": _from_codes(labels_and_none, out_format, "out_format"),
             "duration_us": _durations_us(durations),
+            "time_us": _from_ns(raw.time_ns, n),
+            "start_us": _from_ns(raw.start_ns, n),
+            "gap_us": _from_ns(raw.gap_ns, n),
             "forward_seq": np.array(origins, dtype=np.int32),
+            "artifact": _engine_sums(ops, op_code, phases, origins, rows),
+            "compiled": np.isin(np.arange(n), raw.compiled),
             "rank": np.full(n, raw.rank, dtype=np.int16),
             "world_size": np.full(n, raw.world_size, dtype=np.int16),
         }
@@ -165,7 +177,7 @@ class _TensorRows:
         self.count = m
         self.seq = np.array(flat[0::f], dtype=np.int32)
         self.role = np.array(flat[1::f], dtype=np.int8)
-        self.position = np.array(flat[2::f], dtype=np.int16)
+        self.position = np.array(flat[2::f], dtype=np.int8)
         self.item = np.array(flat[3::f], dtype=np.int16)
         # one weak reference per tensor, kept alive by the log: its id() is the tensor's identity
         self.tid = _first_seen(np.fromiter(map(id, flat[4::f]), dtype=np.int64, count=m))[1]
@@ -240,6 +252,62 @@ def _first_labels(n: int, rows: _TensorRows, none: int) -> list[np.ndarray]:
     return firsts
 
 
+def _from_ns(values: list[int], n: int) -> np.ndarray:
+    """Per event, a profiler time in µs; NaN where the op was not timed or not matched."""
+    if len(values) != n:
+        return np.full(n, np.nan, dtype=np.float32)
+    ns = np.asarray(values, dtype=np.float64)
+    return np.where(ns < 0, np.nan, ns / 1e3).astype(np.float32)
+
+
+def _engine_sums(ops: list, op_code: np.ndarray, phases, origins, rows: _TensorRows) -> np.ndarray:
+    """Per event, whether it is the autograd engine summing two gradients for one input. Under a
+    dispatch mode the engine adds out of place (``aten.add.Tensor``) where a plain run adds in
+    place (``add_``): a backward ``add.Tensor`` whose first operand came from another autograd
+    node's ops (or from an earlier such sum) is the engine's."""
+    n = len(op_code)
+    out = np.zeros(n, dtype=bool)
+    add = [i for i, f in enumerate(ops) if str(f) == "aten.add.Tensor"]
+    if not n or not add or not rows.count:
+        return out
+    phase = np.asarray(phases, dtype=np.int8)
+    origin = np.asarray(origins, dtype=np.int64)
+    candidates = np.flatnonzero(np.isin(op_code, add) & (phase == BACKWARD))
+    if not len(candidates):
+        return out
+    is_out = rows.role == 1
+    writer: dict[int, int] = {}  # tid -> the last event that wrote it
+    first_in = {}
+    for r in np.flatnonzero(~is_out & (rows.position == 0) & np.isin(rows.seq, candidates)):
+        first_in.setdefault(int(rows.seq[r]), int(rows.tid[r]))
+    out_seq, out_tid = rows.seq[is_out].tolist(), rows.tid[is_out].tolist()
+    k = 0
+    for e in candidates.tolist():
+        while k < len(out_seq) and out_seq[k] < e:
+            writer[out_tid[k]] = out_seq[k]
+            k += 1
+        p = writer.get(first_in.get(e, -1))
+        if p is not None and phase[p] == BACKWARD and (origin[p] != origin[e] or out[p]):
+            out[e] = True
+    return out
+
+
 def _durations_us(durations) -> np.ndarray:
     ns = np.asarray(durations, dtype=np.float64)
-    return np.where(ns < 0, np.nan, ns / 1e3) if len(ns) else np.empty(0)
+    return np.where(ns < 0, np.nan, ns / 1e3).astype(np.float32) if len(ns) else np.empty(0, dtype=np.float32)
+
+
+def build_hidden(raw: RawLog) -> pd.DataFrame:
+    """The copies made inside recorded ops (``Audit.hidden``), one row each."""
+    cols = list(HIDDEN_COLUMNS)
+    frame = pd.DataFrame(raw.hidden, columns=cols) if raw.hidden else pd.DataFrame({c: [] for c in cols})
+    return hidden_frame(frame)
+
+
+def hidden_frame(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with the dtypes of :data:`HIDDEN_COLUMNS`."""
+    out = {}
+    for col, dtype in HIDDEN_COLUMNS.items():
+        values = frame[col]
+        out[col] = categorical(list(values), col) if dtype == "category" else values.to_numpy().astype(dtype)
+    return pd.DataFrame(out)

@@ -216,6 +216,8 @@ class RecorderMode(TorchDispatchMode):
         self._node_events: list[int] = []
         # a node may run several ops; no node (the engine summing gradients) is <global>
         self._last_node, self._last_node_label, self._last_node_event = None, GLOBAL_LABEL, -1
+        self.failed: list[tuple[int, str]] = []  # (seq it would have had, op) of calls that raised
+        self.compiled: list[int] = []  # seqs of ops run while a torch.compile'd function ran
 
     # -- hot path ---------------------------------------------------------------------------
     @classmethod
@@ -275,6 +277,7 @@ class RecorderMode(TorchDispatchMode):
                     duration = -1
             except BaseException:
                 del tensors[first:]  # the op never happened: no rows for it
+                self.failed.append((seq, func._schema.name))  # the profiler saw it: the join skips it
                 raise
             if _graph_task_id() != -1:
                 phase = BACKWARD
@@ -336,6 +339,8 @@ class RecorderMode(TorchDispatchMode):
         finally:
             if prior is not None:  # a compiled function is running: give its frame hook back
                 _set_eval_frame(prior)
+                if len(self.events) > seq:  # and note that this op ran inside it
+                    self.compiled.append(seq)
 
     def _is_param(self, t) -> bool:
         kind = self._param_types.get(type(t))
@@ -461,6 +466,11 @@ class RawLog:
     error: str = ""
     rank: int = 0  # torch.distributed rank while recording (0 outside a process group)
     world_size: int = 1
+    compiled: list[int] = field(default_factory=list)  # seqs of ops run inside torch.compile'd code
+    time_ns: list[int] = field(default_factory=list)  # per event, kernel time from the profiler (-1: none)
+    start_ns: list[int] = field(default_factory=list)  # per event, its start from the first (-1: none)
+    gap_ns: list[int] = field(default_factory=list)  # per event, the time outside ops before it (-1: none)
+    hidden: list[tuple] = field(default_factory=list)  # profile.HIDDEN_COLUMNS rows
 
 
 def process_group() -> tuple[int, int]:
