@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@echo "Installing format-auditor and its dev tools into $(VENV) (log: $(VENV)/pip.log)"
-	$(PY) -m pip install -e ".[dev]" > $(VENV)/pip.log 2>&1 || \
+	$(PY) -m pip install -e ".[dev,zoo]" > $(VENV)/pip.log 2>&1 || \
 	  (grep -v "is ignored: it is neither" $(VENV)/pip.log | tail -40; exit 1)
 	$(PY) -c "import auditor, torch, torchvision"
 	touch $(STAMP)
@@ -29,6 +29,8 @@ bench: $(STAMP)
 	$(PY) benchmarks/scale.py
 	$(PY) benchmarks/fake_scale.py
 	$(PY) benchmarks/fix_speedup.py
+	$(PY) benchmarks/zoo_causes.py
+	$(PY) benchmarks/savings.py
 
 clean:
 	rm -rf $(VENV) audit_out .pytest_cache

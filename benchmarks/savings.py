@@ -1,0 +1,201 @@
+"""Does ``saving_us`` predict what a fix saves? Estimate against measurement, model by model.
+
+    .venv/bin/python benchmarks/savings.py [--rounds 15] [--audits 3] [--models NAME ...] [--quick]
+
+Cases: every planted-cause model of tests/planted.py (its input scaled up: 16 samples of
+64x64, a batch-1 video of 8x32x32), against the same model with its cause rewritten away; and
+every model of the zoo (tests/zoo_patches.py) that has fixes, at ``--batch`` samples, against
+the same model object with the fixes applied in memory.
+
+Estimate: ``Audit.causes()["saving_us"]`` summed over the causes the fix removes (those of the
+audit before that the audit after no longer reports), from an audit of a training step at the
+timed size (``auditor.audit`` defaults: profiler kernel times); the median over ``--audits``
+audits, each after one warm-up step.
+
+Measured: the training step (forward, the sum of the outputs, backward; gradients reset outside
+the timed region) before and after, alternating within every round, so that load from other
+processes hits both alike; one thread, process CPU time (``auditor.plan.steady_malloc()``
+first). ``paired`` is the median over rounds of after/before within a round, and the measured
+saving is median(before) x (1 - paired): the ratio within a round cancels the machine's drifts.
+
+Target: estimate / measured within 0.5-2x for every case whose measured saving is above 2%
+of its step (smaller savings are within this machine's noise and are shown, not judged).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))  # the planted models and the zoo are shared with the tests
+try:
+    import auditor
+except ImportError:  # run from a checkout without the editable install
+    sys.path.insert(0, str(ROOT))
+    import auditor
+
+from planted import CAUSE_MODELS, make_cause  # noqa: E402
+from zoo_patches import ZOO, patched  # noqa: E402
+
+from auditor.session import run_step  # noqa: E402
+
+WARMUP_ROUNDS = 2
+QUICK_ROUNDS = 5
+JUDGED_ABOVE = 0.02  # of the step: smaller measured savings are not judged
+LOW, HIGH = 0.5, 2.0
+
+
+def scaled(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A planted model's test input made big enough to time: 16 samples (a batch of 1 stays 1,
+    it is the cause) and 8x the height and width (4x for a video, whose frames stay)."""
+    batch = 1 if shape[0] == 1 else 16
+    grow = 8 if len(shape) == 4 else 4
+    return (batch, shape[1], *shape[2:-2], shape[-2] * grow, shape[-1] * grow)
+
+
+def step_seconds(model, inputs) -> float:
+    """CPU seconds of one training step; gradients reset beforehand, untimed."""
+    model.zero_grad(set_to_none=True)
+    t0 = time.process_time()
+    run_step(model, inputs)
+    return time.process_time() - t0
+
+
+def estimate_us(before, after, audits: int) -> tuple[float, int]:
+    """(median over audits of the saving_us of the causes that ``after`` removes, their count).
+
+    ``before`` and ``after`` are callables that run a recorded audit of each version."""
+    sums, count = [], 0
+    for _ in range(audits):
+        causes = before().causes()
+        remaining = {(p, ph, s) for p, ph, s in after().causes()[["pattern", "phase", "source"]].itertuples(index=False)}
+        removed = [(r.pattern, r.phase, r.source) not in remaining for r in causes.itertuples()]
+        sums.append(float(causes.loc[removed, "saving_us"].sum()))
+        count = int(sum(removed))
+    return statistics.median(sums), count
+
+
+def measure(run_before, run_after, rounds: int) -> dict:
+    """Interleaved step times of both versions."""
+    times: dict[str, list[float]] = {"before": [], "after": []}
+    for r in range(WARMUP_ROUNDS + rounds):
+        for name in (("before", "after") if r % 2 else ("after", "before")):
+            t = (run_before if name == "before" else run_after)()
+            if r >= WARMUP_ROUNDS:
+                times[name].append(t)
+    before, after = statistics.median(times["before"]), statistics.median(times["after"])
+    paired = statistics.median(a / b for a, b in zip(times["after"], times["before"]))
+    return {"before_us": before * 1e6, "after_us": after * 1e6, "saving_us": before * (1 - paired) * 1e6,
+            "paired": paired}
+
+
+def planted_case(name: str, rounds: int, audits: int) -> dict:
+    shape = CAUSE_MODELS[name][1]
+    big = scaled(shape)
+    versions = {fixed: make_cause(name, fixed=fixed, shape=big) for fixed in (False, True)}
+
+    def audit(fixed):
+        model, x = versions[fixed]
+        return lambda: auditor.audit(model, x, warmup=1)
+
+    est, n = estimate_us(audit(False), audit(True), audits)
+    m = measure(lambda: step_seconds(*_unpack(versions[False])), lambda: step_seconds(*_unpack(versions[True])), rounds)
+    return {"case": f"planted {name}", "input": "x".join(map(str, big)), "causes": n, "estimate_us": est, **m}
+
+
+def zoo_case(z, batch: int, rounds: int, audits: int) -> dict:
+    model, _ = z.make()
+    inputs = z.inputs(batch=batch)
+
+    def audit(fixes):
+        def run():
+            with patched(fixes, model):
+                return auditor.audit(model, *inputs, warmup=1)
+        return run
+
+    with z.threads_set():
+        est, n = estimate_us(audit([]), audit(z.fixes), audits)
+
+    def step(fixes):
+        def run():
+            with patched(fixes, model):
+                return step_seconds(model, inputs)
+        return run
+
+    m = measure(step([]), step(z.fixes), rounds)
+    shape = "x".join(map(str, inputs[0].shape))
+    return {"case": f"{z.library} {z.name}", "input": shape, "causes": n, "estimate_us": est, **m}
+
+
+def _unpack(version):
+    model, x = version
+    return model, (x,)
+
+
+def verdict(row: dict) -> str:
+    share = row["saving_us"] / row["before_us"]
+    if share <= JUDGED_ABOVE:
+        return "not judged"
+    ratio = row["estimate_us"] / row["saving_us"]
+    return "PASS" if LOW <= ratio <= HIGH else "FAIL"
+
+
+def main(argv=None) -> int:
+    planted = [n for n, (_, _, causes) in CAUSE_MODELS.items() if causes]
+    zoo = [z for z in ZOO if z.causes]
+    names = planted + [z.name for z in zoo]
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=15, help="timed rounds per case (at least 4)")
+    parser.add_argument("--audits", type=int, default=3, help="audits per estimate")
+    parser.add_argument("--batch", type=int, default=8, help="samples per zoo step")
+    parser.add_argument("--models", nargs="+", choices=names, metavar="NAME", help=f"only these: {', '.join(names)}")
+    parser.add_argument("--quick", action="store_true", help=f"{QUICK_ROUNDS} rounds, 1 audit")
+    args = parser.parse_args(argv)
+    rounds = QUICK_ROUNDS if args.quick else args.rounds
+    audits = 1 if args.quick else args.audits
+    if rounds < 4:
+        parser.error("--rounds must be at least 4")
+    if audits < 1:
+        parser.error("--audits must be at least 1")
+    torch.set_num_threads(1)
+    auditor.plan.steady_malloc()
+    load = os.getloadavg()[0]
+    start = time.perf_counter()
+    print(f"torch {torch.__version__}, 1 thread, process CPU time; {rounds} interleaved rounds after "
+          f"{WARMUP_ROUNDS} warm-up, estimates the median of {audits} audit(s); load average {load:.2f}")
+    print()
+    print("| case | input | causes fixed | step ms before | after | paired after/before | measured saving µs "
+          "| % of step | estimated µs | estimated / measured | verdict |")
+    print("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|---|")
+    rows = []
+    for name in (args.models or names):
+        if name in CAUSE_MODELS:
+            row = planted_case(name, rounds, audits)
+        else:
+            row = zoo_case(next(z for z in zoo if z.name == name), args.batch, rounds, audits)
+        row["verdict"] = verdict(row)
+        rows.append(row)
+        ratio = row["estimate_us"] / row["saving_us"] if row["saving_us"] > 0 else float("nan")
+        print(f"| {row['case']} | {row['input']} | {row['causes']} | {row['before_us'] / 1e3:.2f} "
+              f"| {row['after_us'] / 1e3:.2f} | {row['paired']:.3f} | {row['saving_us']:.0f} "
+              f"| {100 * row['saving_us'] / row['before_us']:.1f} | {row['estimate_us']:.0f} | {ratio:.2f} "
+              f"| {row['verdict']} |", flush=True)
+    judged = [r for r in rows if r["verdict"] != "not judged"]
+    failed = [r["case"] for r in judged if r["verdict"] == "FAIL"]
+    print()
+    print(f"{time.perf_counter() - start:.0f} s; load average {load:.2f} before, {os.getloadavg()[0]:.2f} after.")
+    print(f"Target: estimate within {LOW}-{HIGH}x of the measured saving where it is above "
+          f"{100 * JUDGED_ABOVE:.0f}% of the step: {len(judged) - len(failed)} of {len(judged)} judged cases"
+          + (f"; outside: {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
