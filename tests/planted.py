@@ -311,6 +311,66 @@ class TokenAttention(nn.Module):
         return self.c(out.transpose(1, 2).reshape(b, c, h, w) + a)
 
 
+class AdaptivePoolHead(nn.Module):
+    """A global adaptive average pool before a 1x1 convolution: on a channels_last input torch
+    restrides the pooled mean with ``as_strided_``, whose backward (zeros, a strided copy) hides
+    the expanded gradient the mean's backward writes contiguous."""
+
+    def __init__(self, fixed: bool = False):
+        super().__init__()
+        self.fixed = fixed
+        self.a = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.act = nn.Hardswish()
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.c = nn.Conv2d(8, 8, 1)
+
+    def forward(self, x):
+        y = self.act(self.bn(self.a(x)))
+        y = F.avg_pool2d(y, y.shape[-2:]) if self.fixed else self.pool(y)  # planted: adaptive mean
+        return self.c(y)
+
+
+class StackThenUpsample(nn.Module):
+    """Two branches stacked and summed, then a convolution and a bilinear upsample: the
+    upsample's backward hands the convolution a contiguous gradient, a consequence of the same
+    stack-sum that wrote its saved input contiguous."""
+
+    def __init__(self, fixed: bool = False):
+        super().__init__()
+        self.fixed = fixed
+        self.a = nn.Conv2d(3, 8, 3, padding=1)
+        self.b = nn.Conv2d(3, 8, 3, padding=1)
+        self.head = nn.Conv2d(8, 4, 3, padding=1)
+        self.up = nn.UpsamplingBilinear2d(scale_factor=2)
+
+    def forward(self, x):
+        y = self.a(x) + self.b(x) if self.fixed else torch.stack([self.a(x), self.b(x)]).sum(0)  # planted
+        return self.up(self.head(y))
+
+
+class TokenGroupNorm(nn.Module):
+    """A group norm over the pixels as a (B, C, HW) token tensor, added back to the image: its
+    backward writes the 3-D gradient contiguous, which joins the image path through views."""
+
+    def __init__(self, fixed: bool = False):
+        super().__init__()
+        self.fixed = fixed
+        self.a = nn.Conv2d(3, 8, 3, padding=1)
+        self.gn = nn.GroupNorm(2, 8)
+        self.c = nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        a = self.a(x)
+        b, c, h, w = a.shape
+        t = a.view(b, c, h * w).transpose(1, 2)
+        if self.fixed:
+            t = self.gn(t.transpose(1, 2).unsqueeze(2)).squeeze(2).transpose(1, 2)
+        else:
+            t = self.gn(t.transpose(1, 2)).transpose(1, 2)  # planted: group norm on tokens
+        return self.c(a + t.transpose(1, 2).reshape(b, c, h, w))
+
+
 #: model -> (class, input shape, the causes its audit must report: (phase, op, kind, pattern))
 CAUSE_MODELS = {
     "stack_reduce": (StackReduce, (2, 3, 8, 8), {("forward", "aten.sum.dim_IntList", "loses", "stack_reduce")}),
@@ -323,6 +383,12 @@ CAUSE_MODELS = {
     "conv3d_batch1": (Conv3dBatch1, (1, 3, 4, 8, 8), {("forward", "aten.convolution.default", "loses", "conv_no_kernel")}),
     "weight_rebuilt": (WeightRebuilt, (2, 3, 8, 8), {("forward", "aten.clone.default", "weight", "weight_rebuilt")}),
     "token_attention": (TokenAttention, (2, 3, 8, 8), set()),
+    "adaptive_pool_head": (AdaptivePoolHead, (2, 3, 8, 8),
+                           {("backward", "aten.div.Scalar", "joins", "mean_backward")}),
+    "stack_then_upsample": (StackThenUpsample, (2, 3, 8, 8),
+                            {("forward", "aten.sum.dim_IntList", "loses", "stack_reduce")}),
+    "token_group_norm": (TokenGroupNorm, (2, 3, 8, 8),
+                         {("forward", "aten.native_group_norm.default", "joins", "joins")}),
 }
 
 

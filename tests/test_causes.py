@@ -162,7 +162,7 @@ def test_diff_by_cause_names_the_vanished_cause():
 #: pattern -> the action its fix takes
 FIX_ACTIONS = {
     "stack_reduce": fix.EDIT, "nc11_broadcast": fix.EDIT, "mean_backward": fix.EDIT, "inplace_view": fix.EDIT,
-    "channel_slice": fix.EDIT, "weight_rebuilt": fix.EDIT, "conv_no_kernel": fix.REGION,
+    "channel_slice": fix.EDIT, "weight_rebuilt": fix.EDIT, "conv_no_kernel": fix.REGION, "joins": fix.EDIT,
 }
 
 

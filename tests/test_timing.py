@@ -61,21 +61,23 @@ def _plain_add_us(model, x) -> float:
 
 def test_kernel_times_leave_out_the_recorders_own_python():
     """time_us is the op's kernels: for tiny ops it stays near what the profiler measures
-    without any mode (medians, which a preempted op does not move), while the wall time
-    around each op inside the mode is longer."""
+    without any mode, while the wall time around each op inside the mode is longer. Medians
+    (a preempted op does not move them) of runs made back to back, paired per round."""
     torch.manual_seed(0)
     model = ManySmallOps()
     x = torch.randn(1, 3, 8, 8)
     for _ in range(3):
         model(x)
-    plain = min(_plain_add_us(model, x) for _ in range(3))
-    with torch.no_grad():
-        audits = [auditor.audit(model, x, backward=False) for _ in range(3)]
-    adds = [a.events[a.events["op"] == "aten.add.Tensor"] for a in audits]
-    recorded = min(float(e["time_us"].median()) for e in adds)
-    per_op_overhead = min(float((e["duration_us"] - e["time_us"]).median()) for e in adds)
-    assert recorded < 2.0 * plain, (recorded, plain)
-    assert per_op_overhead > 0  # the wall time around an op inside the mode is more than its kernels
+    ratios, overheads = [], []
+    for _ in range(5):
+        plain = _plain_add_us(model, x)
+        with torch.no_grad():
+            a = auditor.audit(model, x, backward=False)
+        adds = a.events[a.events["op"] == "aten.add.Tensor"]
+        ratios.append(float(adds["time_us"].median()) / plain)
+        overheads.append(float((adds["duration_us"] - adds["time_us"]).median()))
+    assert statistics.median(ratios) < 2.0, ratios
+    assert statistics.median(overheads) > 0  # the wall time around an op inside the mode is more than its kernels
 
 
 def test_copies_inside_kernels_are_hidden_conversions(softmax_timed):

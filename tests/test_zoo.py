@@ -23,25 +23,7 @@ pytestmark = pytest.mark.zoo
 
 #: model -> (the auditor defect it shows, the tests that fail because of it). Each test is
 #: expected to fail, strictly: it must be unmarked once the defect is fixed.
-DEFECTS = {
-    "mobilenetv3_small_100": (
-        "the head's global pool (nn.AdaptiveAvgPool2d(1) before conv_head) is not found: on a channels_last "
-        "input adaptive_avg_pool2d restrides its mean with as_strided_, whose backward (new_zeros, as_strided, "
-        "copy_) the data flow does not follow, so the div that writes the contiguous gradient is 'n/a' and "
-        "the hardswish_backward reading it is blamed instead, as no_cl_kernel at timm/layers/norm_act.py",
-        {"reported", "only"}),
-    "smp_fpn_resnet18": (
-        "the segmentation head's convolution_backward permutes its saved input, written contiguous by the FPN "
-        "merge (torch.stack(x).sum(dim=0)); the tracer follows its other off-format operand, grad_output from "
-        "upsample_bilinear2d_backward (not on a conv path), and reports an extra 'joins' cause at "
-        "segmentation_models_pytorch/base/model.py",
-        {"only"}),
-    "unet2d": (
-        "native_group_norm_backward on the (B, C, HW) token view writes the contiguous gradient; walking back "
-        "from the residual add, the tracer stops at the 3-D aten.transpose.int of attention_processor.py:2727 "
-        "(kind 'n/a', not 'view') and blames that view instead of the group norm at :2740",
-        {"reported", "only", "invariants"}),
-}
+DEFECTS: dict[str, tuple[str, set[str]]] = {}
 #: kinds of op that write data in another order than they read
 MOVES = ("loses", "converts", "restores")
 

@@ -415,8 +415,9 @@ ZOO = [
     ZooModel("unet2d", "diffusers", _unet2d, (2, 3, 32, 32),
              (Cause("explicit_copy", "forward", "diffusers/models/resnet.py",
                     "input_tensor = input_tensor.contiguous()", "diffusers_contiguous"),
-              # the pattern the tracer gives a loss with no better match (it misses this cause today)
-              Cause("loses", "backward", "diffusers/models/attention_processor.py",
+              # the group norm's backward writes the (B, C, HW) token gradient contiguous; it joins
+              # the image path through a transpose and a reshape
+              Cause("joins", "backward", "diffusers/models/attention_processor.py",
                     "hidden_states = attn.group_norm(hidden_states.transpose(1, 2)).transpose(1, 2)",
                     "diffusers_group_norm")),
              extra=lambda: (torch.tensor([10]),)),

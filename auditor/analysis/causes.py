@@ -50,7 +50,8 @@ PATTERNS: dict[str, str] = {
                     "version, or keep this region contiguous",
     "loses": "{op} wrote {fmt} from a {cl} input here: make its result {cl} "
              "(.contiguous(memory_format=torch.{cl}))",
-    "joins": "this tensor joins the {cl} path in {fmt} order: make it {cl} where it is created",
+    "joins": "this tensor joins the {cl} path in {fmt} order: make it {cl} where it is created (compute it on "
+             "the image, or a 4-D view of it, rather than on a reshaped copy)",
 }
 
 CAUSE_COLUMNS = [
@@ -87,6 +88,7 @@ class CauseTracer:
         self.arg = t["arg"].astype(str).to_numpy()
         self.seq = t["seq"].to_numpy()
         self.is_out = (t["role"] == "output").to_numpy()
+        self.is_view = t["is_view"].to_numpy()
         self.bounds = np.searchsorted(self.seq, np.arange(len(ops) + 1))
         self.coverage = coverage
         self._memo: dict[int, tuple[int, str]] = {}
@@ -131,15 +133,29 @@ class CauseTracer:
         blamed = [r for r in self._image_inputs(h) if self._off(self.effective[r] or self.label[r])]
         if self.is_conv[h] and self.weight_permuted[h] and not blamed:
             return self._weight_cause(h)
-        if kind == rules.LOSES:
-            return h, LOSES
         if self.copy[h] and not blamed and kind == rules.CONVERTS:
             return h, CONVERTS  # a copy into another format somebody asked for
-        for r in blamed:  # an operand arrived off its format: blame whoever wrote it so
-            found = self._trace(r, seen)
-            if found is not None:
+        # an operand arrived off its format (a peer of an image's shape, for an op that loses):
+        # blame whoever wrote it so
+        found = self._upstream(blamed, seen)
+        if found is not None:
+            return found
+        return h, (CONVERTS if self.copy[h] and kind != rules.LOSES else LOSES)
+
+    def _upstream(self, rows: list[int], seen: set) -> tuple[int, str] | None:
+        """The cause behind the first of ``rows`` whose data an op wrote off its format; one
+        that did (a loss, a conversion, a weight) before data that merely joined the path off
+        its format (a gradient from a head without convolutions), which is often itself a
+        consequence of the same cause."""
+        joined = None
+        for r in rows:
+            found = self._trace(r, set(seen))
+            if found is None:
+                continue
+            if found[1] != JOINS:
                 return found
-        return h, (CONVERTS if self.copy[h] else LOSES)
+            joined = joined or found
+        return joined
 
     def _trace(self, r: int, seen: set) -> tuple[int, str] | None:
         """Follow the data of input row ``r`` back to the op that wrote it off its format."""
@@ -147,13 +163,11 @@ class CauseTracer:
         while p >= 0 and p not in seen:
             seen.add(p)
             kind = self.kind[p]
-            if kind == rules.LOSES:
-                return p, LOSES
-            if kind in (rules.CONVERTS, rules.RESTORES) or self.is_conv[p]:
+            if kind in (rules.LOSES, rules.CONVERTS, rules.RESTORES) or self.is_conv[p]:
                 return self._cause(p, seen)
             ins = self._image_inputs(p)
             if not ins:  # the data entered the image path here; a view is never a cause
-                while self.view.kind[p] == rules.VIEW:
+                while self._aliases(p):
                     first = next((r for r in self._rows(p) if not self.is_out[r]), -1)
                     q = int(self.graph.producer[first]) if first >= 0 else -1
                     if q < 0:
@@ -163,6 +177,13 @@ class CauseTracer:
             nxt = next((x for x in ins if self._off(self.effective[x] or self.label[x])), ins[0])
             p = int(self.graph.producer[nxt])
         return None
+
+    def _aliases(self, p: int) -> bool:
+        """``p`` returned views of its input (of any rank, image or not): it moved no data."""
+        if self.view.kind[p] == rules.VIEW:
+            return True
+        outs = [r for r in self._rows(p) if self.is_out[r]]
+        return bool(outs) and all(self.is_view[r] for r in outs)
 
     def _weight_cause(self, h: int) -> tuple[int, str]:
         """A convolution permutes its weight: the op that rebuilt the weight in another format,
@@ -452,6 +473,8 @@ def _fix_text(view: FlowView, tracer: CauseTracer, c: int, pattern: str) -> str:
     rank = next((int(tracer.rank[r]) for r in tracer._image_inputs(c)), 4)
     out = tracer._output(c)
     fmt = base_format(tracer.label[out]) if out >= 0 else "contiguous"
+    if fmt not in ("contiguous", *_CL):  # not an image itself (a token tensor): its dense order
+        fmt = "another"
     cl = "channels_last_3d" if rank == 5 else "channels_last"
     return PATTERNS[pattern].format(cl=cl, fmt=fmt, op=rules.op_packet(view.op[c]).removeprefix("aten."),
                                     dims=rank - 2, support=tracer.support(c))

@@ -256,6 +256,7 @@ _REWRITES = {
     "mean_backward": "s = F.avg_pool2d(x, x.shape[-2:])  # instead of x.mean((2, 3), keepdim=True)",
     "inplace_view": "y = y + z  # instead of y += z on a view",
     "weight_rebuilt": "w = (w - w.sum(dims, keepdim=True) / n) ...  # elementwise on the {cl} parameter, no reshape",
+    "joins": "y = f(x4d)  # compute on the {cl} image or a 4-D view of it, not on a reshaped or 3-D copy",
 }
 
 
