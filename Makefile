@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m auditor torchvision:resnet50 --out audit_out --force
+	$(PY) -m auditor.demo --out audit_out --force
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pandas as pd
 
 from . import analysis
+from .display import progress
+from .display.html import audit_html
 from .display.report import audit_report
-from .display.tables import preformatted_html
 from .display.trace import chrome_trace, write_chrome_trace
 from .recording import csvfile, log
 from .recording.csvfile import atomic_write
@@ -75,9 +76,18 @@ class Audit:
     def ops(self) -> pd.DataFrame:
         """``events`` with the classification, data-flow and cause columns (cached)."""
         if self._ops is None:
-            ops = analysis.ops_table(self.events, self.tensors, self.flow(), self.facts())
-            causes, event_cause = analysis.cause_table(
-                analysis.FlowView(ops, self.flow()), self.facts(), analysis.coverage(ops, self.tensors), self.hidden)
+            # seconds on a large audit: a bar over the stages (display.progress decides whether)
+            with progress.bar(4, "analysing the audit", work=len(self.events), min_work=progress.LARGE_AUDIT,
+                              unit="stage") as bar:
+                with progress.stage(bar, "facts"):
+                    facts = self.facts()
+                with progress.stage(bar, "flow"):
+                    flow = self.flow()
+                with progress.stage(bar, "classification"):
+                    ops = analysis.ops_table(self.events, self.tensors, flow, facts)
+                with progress.stage(bar, "causes"):
+                    causes, event_cause = analysis.cause_table(
+                        analysis.FlowView(ops, flow), facts, analysis.coverage(ops, self.tensors), self.hidden)
             # a recording-mode artifact that nothing explains is no hotspot of the plain run
             self._ops = ops.assign(cause=event_cause, hotspot=ops["hotspot"].to_numpy() & (event_cause > 0))
             self._causes = causes
@@ -122,8 +132,10 @@ class Audit:
         state = "complete" if self.complete else "incomplete"
         return f"<Audit {len(self.events)} ops, {len(self.tensors)} tensors, {state}>"
 
-    def _repr_html_(self) -> str:
-        return preformatted_html(self.report())
+    def _repr_html_(self, top: int = 10, depth: int = 1) -> str:
+        """The report as HTML tables (:func:`auditor.display.html.audit_html`), for notebooks."""
+        return audit_html(self.ops(), self.hotspots(), self.summary(depth), self.causes(),
+                          complete=self.complete, error=self.error, top=top, depth=depth)
 
 
 def diff(before: Audit, after: Audit, include_unchanged: bool = False, by: str = "group") -> pd.DataFrame:

@@ -368,9 +368,34 @@ def test_torchvision_channel_shuffle_gets_a_function_swap_that_removes_every_hot
     assert row["action"] == fix.FUNCTION
     assert row["suggestion"] == "torchvision.models.shufflenetv2.channel_shuffle = torch.nn.functional.channel_shuffle"
     ref = model(x)
-    monkeypatch.setattr(shufflenetv2, "channel_shuffle", torch.nn.functional.channel_shuffle)
+    original = shufflenetv2.channel_shuffle
+    monkeypatch.setattr(shufflenetv2, "channel_shuffle", original)  # put back after the test
+    applied = f.apply(model)
+    assert applied["applied"].all() and "for this process" in applied["detail"].iloc[0]
+    assert shufflenetv2.channel_shuffle is torch.nn.functional.channel_shuffle
     torch.testing.assert_close(model(x), ref)
     assert auditor.audit(model, x).hotspots().empty
+    with f.restored():  # the unfixed model, for a moment: to time both
+        assert shufflenetv2.channel_shuffle is original
+        assert not auditor.audit(model, x).hotspots().empty
+    assert shufflenetv2.channel_shuffle is torch.nn.functional.channel_shuffle
+    assert f.apply(model)["detail"].iloc[0].endswith("already rebound")
+
+
+def test_a_function_swap_with_another_signature_is_left_by_hand(monkeypatch):
+    from torchvision.models import shufflenetv2
+
+    def shuffle_in_two(x):  # a shuffle with its groups fixed: one argument, not two
+        return x
+
+    monkeypatch.setattr(shufflenetv2, "channel_shuffle", shuffle_in_two)
+    f = fix.Fixes(pd.DataFrame([{"fix": 1, "action": fix.FUNCTION, "bytes": 1, "source": "", "module": "m",
+                                 "suggestion": "torchvision.models.shufflenetv2.channel_shuffle = "
+                                               "torch.nn.functional.channel_shuffle", "detail": ""}]),
+                  pd.DataFrame())
+    row = f.apply(nn.Identity()).iloc[0]
+    assert not row["applied"] and "signature differs" in row["detail"]
+    assert shufflenetv2.channel_shuffle is shuffle_in_two
 
 
 def test_suggest_fixes_rejects_what_is_not_an_audit():

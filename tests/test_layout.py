@@ -18,7 +18,7 @@ LAYERS = [
     ("result", "session"),
     ("fix",),
     ("plan",),
-    ("api", "fake", "distributed", "plot", "cli", "testing", "pytest_plugin", "__main__", "__init__"),
+    ("api", "fake", "distributed", "plot", "cli", "demo", "testing", "pytest_plugin", "__main__", "__init__"),
 ]
 RANK = {name: i for i, names in enumerate(LAYERS) for name in names}
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import nbformat
@@ -21,20 +20,26 @@ def test_notebook_is_committed_without_outputs():
 
 @pytest.mark.slow
 def test_notebook_runs_headless(tmp_path, monkeypatch):
+    """The loop on a real model: its cause shown as an HTML table, the fix applied, the cause
+    gone on re-audit, both heatmaps, the timing and a CSV that reads back."""
     monkeypatch.setenv("AUDITOR_NOTEBOOK_SIZE", "32")
-    monkeypatch.setenv("AUDITOR_NOTEBOOK_MODEL", "resnet18")
+    monkeypatch.setenv("AUDITOR_NOTEBOOK_BATCH", "2")
+    monkeypatch.setenv("AUDITOR_NOTEBOOK_MODEL", "shufflenet_v2_x0_5")
     nb = nbformat.read(NOTEBOOK, as_version=4)
     client = NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
     client.execute()
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
     images = [o for o in outputs if "image/png" in o.get("data", {})]
-    assert len(images) == 3  # heatmap, timeline, top hotspots: each shown exactly once
-    html = [o["data"]["text/html"] for o in outputs if "text/html" in o.get("data", {})]
-    assert any("aten._softmax.default" in h for h in html)  # the planted break's hotspot table
-    assert (tmp_path / "planted_audit.csv").stat().st_size > 0
-    last = nb.cells[-1].outputs[-1]["data"]["text/plain"]
-    assert last == "True"
-    diff_cell = next(c for c in nb.cells if "auditor.diff(before, after)" in c.source)
+    assert len(images) == 4  # heatmap, top chart, timeline, heatmap after: each shown exactly once
+    audit_html = next(o["data"]["text/html"] for o in outputs if "text/html" in o.get("data", {}))
+    assert "<table" in audit_html and "channel_shuffle" in audit_html and "shufflenetv2.py:35" in audit_html
+    diff_cell = next(c for c in nb.cells if "auditor.diff(before, after" in c.source)
     assert "vanished" in diff_cell.outputs[0]["data"]["text/plain"]
-    assert os.environ.get("AUDITOR_NOTEBOOK_SIZE") == "32"
+    applied = next(c for c in nb.cells if "fixes.apply(fixed)" in c.source)
+    assert "True" in applied.outputs[0]["data"]["text/plain"]
+    timing = next(c for c in nb.cells if "time_interleaved" in c.source)
+    assert "before" in timing.outputs[0]["data"]["text/plain"]
+    assert (tmp_path / "shufflenet_audit.csv").stat().st_size > 0
+    assert (tmp_path / "shufflenet_trace.json").stat().st_size > 0
+    assert nb.cells[-1].outputs[-1]["data"]["text/plain"] == "True"

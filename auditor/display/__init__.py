@@ -1,7 +1,8 @@
 """Display: turning analysis results into text and HTML for people.
 
 Owns number formatting (``units``: bytes and times in engineering units, the same in reports,
-tables and plots), text and HTML tables (``tables``) and the audit's text report (``report``).
-Imports :mod:`auditor.analysis` and :mod:`auditor.recording` names only; nothing here computes
-a finding.
+tables and plots), text tables (``tables``), the audit's text report (``report``), the
+notebook's HTML tables (``html``), the Chrome trace (``trace``) and the package's one progress
+switch (``progress``). Imports :mod:`auditor.analysis` and :mod:`auditor.recording` names only;
+nothing here computes a finding.
 """

@@ -25,7 +25,7 @@ def audit_report(ops: pd.DataFrame, hot: pd.DataFrame, summary: pd.DataFrame, ca
     :func:`~auditor.analysis.cause_table` of one audit (without causes, the hotspot groups are
     listed on their own).
     """
-    lines = _totals(ops, hot, causes, complete, error)
+    lines = total_lines(ops, hot, causes, complete, error)
     if len(hot):
         lines.append("")
         lines.extend(_cause_lines(causes, hot, top) if causes is not None and len(causes) else _hotspot_lines(hot, top))
@@ -42,7 +42,8 @@ def audit_report(ops: pd.DataFrame, hot: pd.DataFrame, summary: pd.DataFrame, ca
     return "\n".join(lines)
 
 
-def _totals(ops: pd.DataFrame, hot: pd.DataFrame, causes, complete: bool, error: str) -> list[str]:
+def total_lines(ops: pd.DataFrame, hot: pd.DataFrame, causes, complete: bool, error: str) -> list[str]:
+    """The report's head: ops per phase and kind, hotspot totals, times; the HTML shows it too."""
     phases = ops["phase"].value_counts()
     lines = [
         f"Format audit: {len(ops)} aten ops "

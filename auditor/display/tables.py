@@ -1,4 +1,4 @@
-"""Text and HTML renderings shared by every object that displays itself."""
+"""Text renderings shared by the reports (HTML tables: :mod:`auditor.display.html`)."""
 
 from __future__ import annotations
 

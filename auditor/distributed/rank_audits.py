@@ -9,7 +9,7 @@ import pandas as pd
 from pandas.api.types import union_categoricals
 
 from ..analysis import diff
-from ..display.tables import preformatted_html
+from ..display.html import header_html, table_html
 from ..display.units import format_bytes
 from ..result import Audit
 from .buckets import bucket_ops, group_bucket_ops
@@ -172,11 +172,49 @@ class RankAudits:
     def __repr__(self) -> str:
         return f"<RankAudits ranks {self.ranks} of {self.world_size}, {len(self.events)} ops>"
 
-    def _repr_html_(self) -> str:
-        return preformatted_html(self.report())
+    def _repr_html_(self, top: int = 10, depth: int = 1) -> str:
+        """:meth:`report` as HTML tables, for notebooks: per-rank totals, the hotspot groups that
+        differ between ranks, the bucket copies that change the layout, the reference rank."""
+        ranks = self.ranks
+        if not ranks:
+            return header_html(["Distributed format audit: no ranks"])
+        ref = ranks[0]
+        totals = []
+        for r, a in self.per_rank.items():
+            ops = a.ops()
+            hot = ops[ops["hotspot"]]
+            totals.append({"rank": r, "ops": len(ops), "hotspot groups": len(a.hotspots()), "hotspot ops": len(hot),
+                           "bytes": int(hot["bytes"].sum()),
+                           "state": "complete" if a.complete else f"INCOMPLETE: {a.error}"})
+        n_ops = sum(t["ops"] for t in totals)
+        parts = [header_html([f"Distributed format audit: {len(ranks)} of {self.world_size} ranks, {n_ops} aten ops"]),
+                 table_html(pd.DataFrame(totals))]
+        diff = self.differences(ref)
+        if len(ranks) == 1:
+            parts.append(header_html([f"Hotspots: only rank {ref} was recorded, nothing to compare."]))
+        elif diff.empty:
+            parts.append(header_html([f"Hotspots: identical on every rank (compared with rank {ref})."]))
+        else:
+            parts.append(table_html(
+                diff, columns={"rank": "rank", "status": "status", "phase": "phase", "module": "module", "op": "op",
+                               "kind": "kind", "count_before": f"n on rank {ref}", "count_after": "n",
+                               "bytes_delta": "bytes +/-", "source": "file:line"},
+                caption=f"Hotspots differ between ranks (compared with rank {ref})", max_rows=top,
+                more="RankAudits.differences()"))
+        parts.append(header_html(_bucket_lines(self, top, table=False)))
+        hot = self.bucket_hotspots() if not self.bucket_ops().empty else pd.DataFrame()
+        if len(hot):
+            parts.append(table_html(
+                hot, columns=["rank", "phase", "stage", "op", "from_format", "to_format", "count", "bytes",
+                              "view_mismatch"],
+                max_rows=top, more="RankAudits.bucket_hotspots()"))
+        parts.append(header_html([f"Rank {ref}:"]))
+        parts.append(self.per_rank[ref]._repr_html_(top=top, depth=depth))
+        return "<div>" + "\n".join(parts) + "</div>"
 
 
-def _bucket_lines(ra: RankAudits, top: int) -> list[str]:
+def _bucket_lines(ra: RankAudits, top: int, table: bool = True) -> list[str]:
+    """The report's bucket section; ``table=False``: its totals only (the HTML shows the table)."""
     ops = ra.bucket_ops()
     if ops.empty:
         return ["DDP buckets: no copies into or out of collective buffers were recorded."]
@@ -192,6 +230,8 @@ def _bucket_lines(ra: RankAudits, top: int) -> list[str]:
     hot = ra.bucket_hotspots()
     if hot.empty:
         lines.append("  No copy into or out of a bucket changes the layout.")
+        return lines
+    if not table:
         return lines
     lines.append(
         f"  {'rank':>4} {'phase':8} {'stage':7} {'op':24} {'from -> to':30} {'n':>4} {'bytes':>9}"

@@ -12,6 +12,8 @@ import re
 import sys
 import tokenize
 
+from ..recording.sources import recorded
+
 _CONTIGUOUS_CALL = re.compile(r"\.contiguous\(\s*\)")
 _CONTIGUOUS_FORMAT = re.compile(r"(?:torch\.)?contiguous_format")
 
@@ -27,8 +29,9 @@ def module_expr(name: str, root: str = "model") -> str:
 
 
 def source_line(source: str) -> str:
-    """The text of a ``path:line`` source, without its newline; empty when unreadable."""
-    path, _, line = source.rpartition(":")
+    """The text of a ``path:line`` source (or a notebook cell's line), without its newline;
+    empty when unreadable."""
+    path, _, line = recorded(source).rpartition(":")
     if not path or not line.isdigit():
         return ""
     return linecache.getline(path, int(line)).rstrip("\n")
@@ -61,7 +64,7 @@ def split_comment(line: str) -> tuple[str, str]:
 
 def function_of(source: str) -> tuple[str, str | None]:
     """(file, enclosing module-level function) of a ``path:line`` source, for grouping."""
-    path = source.rpartition(":")[0]
+    path = recorded(source).rpartition(":")[0]
     return (path, enclosing_function(source)[1]) if path else ("", None)
 
 
@@ -69,7 +72,7 @@ def function_of(source: str) -> tuple[str, str | None]:
 def enclosing_function(source: str) -> tuple[str | None, str | None]:
     """(importable module, function name) of the module-level function holding ``source``;
     the module is None when the file is not an imported module (a script, a notebook)."""
-    path, _, line = source.rpartition(":")
+    path, _, line = recorded(source).rpartition(":")
     if not path or not line.isdigit():
         return None, None
     try:

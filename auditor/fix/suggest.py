@@ -8,13 +8,18 @@ convert or a region to run contiguous. Only fixes that save bytes are suggested.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import inspect
+from collections.abc import Iterator
+
 import numpy as np
 import pandas as pd
 import torch
 import torch.nn as nn
 
 from .. import analysis
-from ..display.tables import preformatted_html
+from ..display.html import header_html, table_html
 from ..display.units import format_bytes
 from ..recording import rules
 from ..result import Audit
@@ -31,6 +36,9 @@ FIX_COLUMNS = [
     "region",
 ]
 _RESHAPES = ("aten.view", "aten._unsafe_view", "aten.reshape", "aten._reshape_alias", "aten.flatten")
+#: Functions a "swap function" fix binds in place of a library's: the text its suggestion
+#: names -> the function, and how many positional parameters the replaced one must take.
+REBINDS = {"torch.nn.functional.channel_shuffle": (torch.nn.functional.channel_shuffle, 2)}
 
 
 class Fixes:
@@ -46,13 +54,16 @@ class Fixes:
     def __init__(self, frame: pd.DataFrame, hotspots: pd.DataFrame):
         self.frame = frame
         self.hotspots = hotspots
+        self.rebound: list[tuple[object, str, object, object]] = []  # (module, name, old, new) apply() bound
 
     def __len__(self) -> int:
         return len(self.frame)
 
     def apply(self, model: nn.Module) -> pd.DataFrame:
         """Apply, in place, the fixes that need no source edit (module swaps, weight
-        conversions, regions kept contiguous). Returns one row per fix: ``fix``, ``action``,
+        conversions, regions kept contiguous) and the library functions to swap, which are
+        rebound in their module for the whole process (:meth:`restored` puts them back for a
+        while; edit the source to keep the fix). Returns one row per fix: ``fix``, ``action``,
         ``applied`` and what was done or what is left to do by hand.
 
         Raises ``TypeError`` for a model it cannot change in place (TorchScript), before
@@ -77,21 +88,57 @@ class Fixes:
             elif r.action == REGION:
                 keep_contiguous(model, r.region)
                 done, what = True, f"{', '.join(r.region)} run contiguous"
+            elif r.action == FUNCTION:
+                done, what = self._rebind(r.suggestion)
             else:
                 what = f"by hand, at {r.source or r.module}: {r.suggestion or r.detail}"
             rows.append({"fix": r.fix, "action": r.action, "applied": done, "detail": what})
         return pd.DataFrame(rows, columns=["fix", "action", "applied", "detail"])
 
-    def __str__(self) -> str:
+    def _rebind(self, suggestion: str) -> tuple[bool, str]:
+        """Bind the replacement a "swap function" suggestion names (``module.func = new``)."""
+        target, _, new_name = (part.strip() for part in suggestion.partition("="))
+        module_name, _, attr = target.rpartition(".")
+        new, arity = REBINDS.get(new_name, (None, 0))
+        try:
+            module = importlib.import_module(module_name)
+            old = getattr(module, attr)
+        except (ImportError, AttributeError, ValueError):
+            return False, f"by hand: {suggestion} ({target} cannot be found)"
+        if any(m is module and a == attr for m, a, _, _ in self.rebound):
+            return True, f"{target} already rebound"
+        params = [p for p in inspect.signature(old).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        if new is None or len(params) != arity:
+            return False, f"by hand: {suggestion} (its signature differs: check the arguments)"
+        setattr(module, attr, new)
+        self.rebound.append((module, attr, old, new))
+        return True, f"{target} is now {new_name}, for this process (edit the source to keep it)"
+
+    @contextlib.contextmanager
+    def restored(self) -> Iterator[None]:
+        """The library functions :meth:`apply` rebound, put back for the block: to run or time
+        the unfixed model beside the fixed one."""
+        for module, attr, old, _ in self.rebound:
+            setattr(module, attr, old)
+        try:
+            yield
+        finally:
+            for module, attr, _, new in self.rebound:
+                setattr(module, attr, new)
+
+    def _headline(self) -> str:
         f = self.frame
         if f.empty:
             return "Suggested fixes: none (no hotspots)."
-        lines = [
-            f"Suggested fixes: {len(f)} for {len(self.hotspots)} hotspot groups, "
-            f"{format_bytes(f['bytes'].clip(lower=0).sum())} to save "
-            f"(forward {format_bytes(f['forward_bytes'].sum())}, backward {format_bytes(f['backward_bytes'].sum())} "
-            "of hotspots)",
-        ]
+        return (f"Suggested fixes: {len(f)} for {len(self.hotspots)} hotspot groups, "
+                f"{format_bytes(f['bytes'].clip(lower=0).sum())} to save "
+                f"(forward {format_bytes(f['forward_bytes'].sum())}, "
+                f"backward {format_bytes(f['backward_bytes'].sum())} of hotspots)")
+
+    def __str__(self) -> str:
+        f = self.frame
+        lines = [self._headline()]
         for r in f.itertuples():
             where = r.source or r.module
             lines.append("")
@@ -112,7 +159,14 @@ class Fixes:
         return f"<Fixes {len(self)} fixes, {saved} bytes to save>"
 
     def _repr_html_(self) -> str:
-        return preformatted_html(str(self))
+        """One table row per fix, for notebooks (:func:`auditor.display.html.table_html`)."""
+        head = header_html([self._headline()])
+        if self.frame.empty:
+            return head
+        return head + table_html(self.frame, columns={
+            "fix": "fix", "action": "action", "source": "file:line", "module": "module", "module_type": "type",
+            "bytes": "saves", "hotspots": "hotspot groups", "line": "now", "suggestion": "do", "detail": "why"},
+            formats={"line": str.strip})
 
 
 def suggest_fixes(audit: Audit) -> Fixes:

@@ -14,6 +14,7 @@ from .formats import LABELS, format_label, nbytes
 from .mode import BACKWARD, PHASES, ROLES, TENSOR_FIELDS, RawLog, op_info
 from .modules import module_names
 from .profile import HIDDEN_COLUMNS  # noqa: F401  (the schema of Audit.hidden, with the others)
+from .sources import readable
 
 #: column -> dtype of ``Audit.events``. "category" columns list their categories below when
 #: the vocabulary is fixed; free categoricals take their sorted distinct values.
@@ -139,6 +140,7 @@ def build_frames(raw: RawLog) -> tuple[pd.DataFrame, pd.DataFrame]:
     module_code, module_raw = pd.factorize(np.array([label[0] for label in labels], dtype=object))
     mod_map = module_names(module_raw, raw.module_types)
     source_code, sources = pd.factorize(np.array([label[1] for label in labels], dtype=object))
+    sources = readable(sources)  # a notebook cell's line as IPython names it, once per distinct line
     formats, format_code = _factorize(requested)
     labels_and_none = layouts.label + [""]
     events = pd.DataFrame(
