@@ -26,6 +26,7 @@ import torch
 import auditor
 
 from . import plot
+from .display import progress
 from .recording.csvfile import atomic_write
 
 EXIT_OK = 0
@@ -264,32 +265,53 @@ def prepare_out(out: str | None, specs: list[str], force: bool) -> list[Path | N
 
 
 class Progress:
-    """Progress on stderr: a bar redrawn in place on a terminal, one line per step otherwise
-    (a CI log)."""
+    """Progress on stderr, one step per stage of each model (building, recording, analysing,
+    suggesting fixes, writing files): a ``tqdm`` bar redrawn in place on a terminal, one line per
+    step otherwise (a CI log), nothing when switched off (``--no-progress``,
+    ``AUDITOR_PROGRESS=0`` or ``auditor.display.progress.ENABLED = False``)."""
 
-    def __init__(self, total: int, stream=None):
+    def __init__(self, total: int, stream=None, enabled: bool | None = None):
         self.total, self.done = total, 0
         self.stream = stream or sys.stderr
         self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.on = progress.enabled(enabled)
         self.start = time.perf_counter()
+        self.bar = None
+        if self.on and self.tty:
+            self.bar = progress.bar(total=total, desc="format-audit", flag=True, file=self.stream, leave=True,
+                                    unit="step", dynamic_ncols=True,
+                                    bar_format="{desc} [{bar:20}] {n_fmt}/{total_fmt} {elapsed}")
 
     def step(self, label: str) -> None:
+        """Show the stage now running."""
+        if not self.on:
+            return
+        if self.bar is not None:
+            self.bar.set_description_str(label, refresh=True)
+            return
         width = 20
         filled = int(width * self.done / max(1, self.total))
         bar = "#" * filled + "." * (width - filled)
         elapsed = time.perf_counter() - self.start
-        line = f"[{bar}] {self.done}/{self.total} {label:<48.48} {elapsed:6.1f}s"
-        self.stream.write(f"\r{line}" if self.tty else line.rstrip() + "\n")
+        self.stream.write(f"[{bar}] {self.done}/{self.total} {label:<56.56}".rstrip() + f" {elapsed:6.1f}s\n")
         self.stream.flush()
 
     def advance(self, label: str) -> None:
+        """Count one stage as done and show the next."""
         self.done += 1
+        if self.bar is not None:
+            self.bar.update(1)
         self.step(label)
 
     def close(self) -> None:
-        if self.tty:
-            self.stream.write("\n")
-            self.stream.flush()
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def stages_per_model(args: argparse.Namespace) -> int:
+    """Progress steps of one model: building, recording, analysing, [suggesting fixes], [writing files]."""
+    return 3 + bool(args.fix) + (args.out is not None)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -334,6 +356,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write the audit's files there; one folder per model when several are given")
     p.add_argument("--force", action="store_true", help="overwrite an audit already in --out")
     p.add_argument("--traceback", action="store_true", help="print the full traceback of a failure")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress on stderr: a bar on a terminal, one line per step in a log "
+                        "(default: on, unless AUDITOR_PROGRESS=0)")
     p.add_argument("--version", action="version",
                    version=f"format-audit {auditor.__version__} (torch {torch.__version__})")
     return p
@@ -354,22 +379,23 @@ def run(args: argparse.Namespace) -> int:
     """Every model in turn; a failure stops the run and reaches :func:`main` as an exception."""
     target = Target.from_args(args)
     folders = prepare_out(args.out, args.models, args.force)
-    progress = Progress(len(args.models) * 3)
+    bar = Progress(len(args.models) * stages_per_model(args), enabled=args.progress)
     texts = []
     try:
-        for spec, folder in zip(args.models, folders):
-            texts.append(audit_model(spec, folder, target, progress))
+        for i, (spec, folder) in enumerate(zip(args.models, folders), 1):
+            texts.append(audit_model(spec, folder, target, bar, f"({i}/{len(args.models)})"))
     finally:  # what finished is printed even when a later model fails
-        progress.close()
+        bar.close()
         if texts:
             print("\n\n".join(texts))
     return EXIT_OK
 
 
-def audit_model(spec: str, folder: Path | None, target: Target, progress: Progress) -> str:
-    """Build, audit, analyse and write one model; the text to print for it."""
+def audit_model(spec: str, folder: Path | None, target: Target, progress: Progress, count: str = "") -> str:
+    """Build, audit, analyse and write one model; the text to print for it. ``count`` says
+    which model of the run this is (``(2/3)``), for the progress lines."""
     args = target.args
-    name = spec.rpartition(":")[2]
+    name = f"{spec.rpartition(':')[2]} {count}".rstrip()
     progress.step(f"{name}: building")
     with blame(UsageError, f"{spec} could not be loaded"):
         model = load_model(spec)
@@ -379,10 +405,15 @@ def audit_model(spec: str, folder: Path | None, target: Target, progress: Progre
     progress.advance(f"{name}: analysing")
     with blame(InternalError, f"analysing {spec}"):
         report = audit.report(top=args.top, depth=args.depth)
-        fixes = str(auditor.suggest_fixes(audit)) if args.fix else None
+    fixes = None
+    if args.fix:
+        progress.advance(f"{name}: suggesting fixes")
+        with blame(InternalError, f"analysing {spec}"):
+            fixes = str(auditor.suggest_fixes(audit))
     result = ModelAudit(audit, args.depth, report, fixes, args.trace)
     text = target.title(spec, dims) + "\n" + "\n\n".join(t for t in (report, fixes) if t is not None)
     if folder is not None:
+        progress.advance(f"{name}: writing files")
         with blame(InternalError, f"writing the files of {spec}"):
             written = write_outputs(result, folder)
         text += "\n\nWrote: " + ", ".join(str(p) for p in written)

@@ -1,19 +1,14 @@
-"""pytest plugin, registered through the ``pytest11`` entry point: the ``format_audit`` fixture.
+"""The ``format_audit`` fixture, importable from the package (``pytest_plugins =
+["auditor.pytest_plugin"]`` in a conftest keeps working).
 
-    def test_stays_channels_last(format_audit):
-        with format_audit():                 # forward and backward by default
-            model(x).sum().backward()
-        # the test fails here, with the report, if the block lost channels_last
+The plugin pytest loads through the ``pytest11`` entry point ``format_auditor`` is the
+top-level module ``format_auditor_pytest``: it has the fixture and the ``format_audit`` marker,
+and imports neither torch nor this package until a test uses them. Importing this module
+imports the package (and torch) at once, which is why the entry point does not name it.
 """
 
 from __future__ import annotations
 
-import pytest
+from format_auditor_pytest import format_audit
 
-
-@pytest.fixture
-def format_audit():
-    """Audit a block of code and fail the test with the report if it has hotspots."""
-    from .testing import BlockGuard
-
-    return BlockGuard()
+__all__ = ["format_audit"]

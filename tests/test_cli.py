@@ -468,3 +468,54 @@ def test_a_factory_that_returns_no_module(models_file, capsys):
     models_file.write_text(FACTORY + "\ndef number():\n    return 3\n")
     assert main([f"{models_file}:number", "--input", "1,3,8,8"]) == 2
     assert "returned a int, not a torch.nn.Module" in _last_line(capsys.readouterr().err)
+
+
+# -- progress -------------------------------------------------------------------------------------
+
+
+def test_progress_is_one_line_per_stage_of_each_model_in_a_log(models_file, tmp_path, capsys):
+    out = tmp_path / "out"
+    argv = [f"{models_file}:small", f"{models_file}:clean", "--input", "1,3,8,8", "--out", str(out), "--fix",
+            "--no-backward"]
+    assert main(argv) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[")]
+    stages = ["building", "recording", "analysing", "suggesting fixes", "writing files", "done"]
+    expected = [f"{name} ({i}/2): {stage}" for i, name in ((1, "small"), (2, "clean")) for stage in stages]
+    assert [line.split("] ", 1)[1].rsplit(" ", 1)[0].split(" ", 1)[1].strip() for line in lines] == expected
+    assert lines[-1].startswith("[####################] 10/10 ")
+
+
+@pytest.mark.parametrize("how", ["flag", "env"])
+def test_progress_switched_off(models_file, capsys, monkeypatch, how):
+    argv = [f"{models_file}:clean", "--input", "1,3,8,8", "--no-backward"]
+    if how == "flag":
+        argv.append("--no-progress")
+    else:
+        monkeypatch.setenv("AUDITOR_PROGRESS", "0")
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "building" not in err and "done" not in err
+
+
+def test_progress_on_a_terminal_is_a_bar():
+    import io
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    stream = Terminal()
+    p = cli.Progress(4, stream=stream, enabled=True)
+    p.step("m (1/2): building")
+    for label in ("m (1/2): recording", "m (1/2): done", "n (2/2): building", "n (2/2): done"):
+        p.advance(label)
+    p.close()
+    text = stream.getvalue()
+    assert "\r" in text and "n (2/2): done" in text and "4/4" in text
+    assert "\n[" not in text  # not the log's lines
+    off = Terminal()
+    p = cli.Progress(2, stream=off, enabled=False)
+    p.step("x")
+    p.advance("y")
+    p.close()
+    assert off.getvalue() == ""

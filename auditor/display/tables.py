@@ -2,14 +2,7 @@
 
 from __future__ import annotations
 
-import html
-
 
 def shorten(name: str, width: int) -> str:
     """Shorten a long module or op name from the left, where it repeats its parents."""
     return name if len(name) <= width else "…" + name[-(width - 1):]
-
-
-def preformatted_html(text: str) -> str:
-    """Text shown as it is, in a notebook."""
-    return "<pre>" + html.escape(text) + "</pre>"

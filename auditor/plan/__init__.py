@@ -27,14 +27,36 @@ imports the fixes, the analysis and the session; nothing below imports it.
 """
 
 from .apply import AppliedPlan, apply_plan
-from .layout import CONV_COLUMNS, CONVERSION_COLUMNS, LayoutPlan, plan_layout
-from .timing import default_clock, median_times, steady_malloc, time_interleaved
+from .decide import Decision
+from .layout import (
+    CANDIDATE_COLUMNS,
+    CONV_COLUMNS,
+    CONVERSION_COLUMNS,
+    LayoutPlan,
+    NoisyPlanWarning,
+    plan_layout,
+)
+from .timing import (
+    MODEL_SAMPLE_US,
+    SAMPLE_US,
+    Rounds,
+    default_clock,
+    median_times,
+    steady_malloc,
+    time_interleaved,
+)
 
 __all__ = [
+    "CANDIDATE_COLUMNS",
     "CONVERSION_COLUMNS",
     "CONV_COLUMNS",
+    "MODEL_SAMPLE_US",
+    "SAMPLE_US",
     "AppliedPlan",
+    "Decision",
     "LayoutPlan",
+    "NoisyPlanWarning",
+    "Rounds",
     "apply_plan",
     "default_clock",
     "median_times",

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pandas as pd
 import torch.nn as nn
 
-from ..display.tables import preformatted_html
+from ..display.html import header_html, table_html
 from ..display.units import format_bytes
 from ..result import Audit
 from .assign import apply_formats, is_conv_module
@@ -49,7 +49,8 @@ class AppliedPlan:
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
-        return preformatted_html(str(self))
+        head, *rest = str(self).splitlines()
+        return header_html([head, *rest[:1]]) + table_html(self.hotspots, caption="Hotspots by phase")
 
 
 def apply_plan(model: nn.Module, plan: LayoutPlan, *, check: bool = True) -> AppliedPlan:
@@ -71,10 +72,10 @@ def apply_plan(model: nn.Module, plan: LayoutPlan, *, check: bool = True) -> App
     after_audit, diff, close = None, float("nan"), False
     if check:
         probe = copy.deepcopy(model)
-        after_audit = record(probe, plan.inputs, plan.train, plan.loss_fn)
+        after_audit = record(probe, plan.inputs, plan.train, plan.loss_fn, kwargs=plan.kwargs)
         after = hotspot_totals(after_audit)
         before = before.merge(after, on="phase", suffixes=("_before", "_after"))
-        out = reference_output(model, plan.inputs)
+        out = reference_output(model, plan.inputs, plan.kwargs)
         diff, close = compare_outputs(plan.reference, out)
     else:
         before = before.rename(columns={"groups": "groups_before", "bytes": "bytes_before"})

@@ -13,20 +13,33 @@ from ..result import Audit
 from ..session import record_step
 
 
-def record(model, inputs, train, loss_fn, record_time=False) -> Audit:
-    """One audited training step (``train``) or inference call of ``model`` on ``inputs``."""
+def bind(model, kwargs: dict | None):
+    """``model``, or a callable that passes ``kwargs`` to it with the positional inputs."""
+    if not kwargs:
+        return model
+
+    def call(*inputs):
+        return model(*inputs, **kwargs)
+    return call
+
+
+def record(model, inputs, train, loss_fn, record_time=False, kwargs: dict | None = None) -> Audit:
+    """One audited training step (``train``) or inference call of ``model`` on ``inputs``
+    (and keyword arguments ``kwargs``)."""
+    model = bind(model, kwargs)
     if train:
         return record_step(model, tuple(inputs), backward=True, loss_fn=loss_fn, record_time=record_time)
     with torch.no_grad():
         return record_step(model, tuple(inputs), backward=False, record_time=record_time)
 
 
-def reference_output(model: nn.Module, inputs) -> object:
+def reference_output(model: nn.Module, inputs, kwargs: dict | None = None) -> object:
     """The model's output on ``inputs`` in eval mode (deterministic: no dropout, running
     statistics), computed on a copy so the caller's model keeps its state."""
     ref = copy.deepcopy(model).eval()
     with torch.no_grad():
-        return pytree.tree_map(lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t, ref(*inputs))
+        out = ref(*inputs, **(kwargs or {}))
+    return pytree.tree_map(lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t, out)
 
 
 def compare_outputs(a, b) -> tuple[float, bool]:

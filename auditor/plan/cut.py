@@ -4,14 +4,16 @@ the regions of same-format convolutions it makes."""
 from __future__ import annotations
 
 
-def min_cut(names: list[str], unary: dict[str, dict[str, float]], pair: dict[tuple, dict[str, float]]) -> dict[str, str]:
+def min_cut(names: list[str], unary: dict[str, dict[str, float]], pair: dict[tuple, dict[str, float]],
+            tied: list[list[str]] = ()) -> dict[str, str]:
     """Exact minimiser of sum(unary) + sum(pairwise border costs) over two labels.
 
     Graph cut: a node on the source side runs contiguous, on the sink side channels_last;
     ``pair[(a, b)]["cl_to_c"]`` is paid when a is channels_last and b contiguous, and
-    ``["c_to_cl"]`` the other way round. All costs are non-negative, so the cut is exact.
+    ``["c_to_cl"]`` the other way round. All costs are non-negative, so the cut is exact. The
+    names of each list in ``tied`` get one label (edges no cut can afford join them).
     """
-    import networkx as nx  # a dependency of torch
+    import networkx as nx  # a dependency of torch, declared in pyproject.toml
 
     g = nx.DiGraph()
     s, t = ("<source>",), ("<sink>",)
@@ -23,6 +25,12 @@ def min_cut(names: list[str], unary: dict[str, dict[str, float]], pair: dict[tup
             if c > 0:
                 cap = g[u][v]["capacity"] + c if g.has_edge(u, v) else c
                 g.add_edge(u, v, capacity=cap)
+    # more than every finite edge together: cutting a tie never pays
+    big = 1.0 + sum(d["capacity"] for _, _, d in g.edges(data=True))
+    for group in tied:
+        for a, b in zip(group, group[1:]):
+            for u, v in ((a, b), (b, a)):
+                g.add_edge(u, v, capacity=big + (g[u][v]["capacity"] if g.has_edge(u, v) else 0.0))
     _, (s_side, _) = nx.minimum_cut(g, s, t)
     return {n: "contiguous" if n in s_side else "channels_last" for n in names}
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import copy
 import statistics
+from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -14,8 +16,9 @@ from ..fix.convert import CHANNELS_LAST_OF_RANK, convert_param
 from . import timing
 from .assign import CL_NAME, FORMAT_OF, apply_formats, converted_inputs, rank_names
 from .check import record
+from .decide import Decision, decide, median_interval, ratios
 from .graph import Call, Edge, owned_time_us
-from .timing import median_times, step_fn, time_interleaved
+from .timing import Rounds, median_times, step_fn
 
 
 def conv_signature(mod: nn.Module, c: Call) -> tuple:
@@ -25,12 +28,15 @@ def conv_signature(mod: nn.Module, c: Call) -> tuple:
             mod.padding_mode, str(mod.weight.device), c.from_model_input)
 
 
-def conv_times(model: nn.Module, calls: list[Call], train: bool, repeats: int, device, clock) -> dict[tuple, dict[str, float]]:
-    """Standalone time of each distinct convolution signature in both formats."""
-    out = {}
+def conv_rounds(model: nn.Module, calls: list[Call], train: bool, device) -> tuple[list[tuple], dict[tuple, Rounds]]:
+    """The signature of each call, and for each distinct signature a :class:`Rounds` of the
+    convolution alone in both formats (warmed up and calibrated, no rounds taken yet): one
+    measurement per signature, shared by every convolution that has it."""
+    sigs, out = [], {}
     for c in calls:
         mod = model.get_submodule(c.module)
         key = conv_signature(mod, c)
+        sigs.append(key)
         if key in out:
             continue
         rank = len(c.input_shape)
@@ -42,10 +48,88 @@ def conv_times(model: nn.Module, calls: list[Call], train: bool, repeats: int, d
             m._forward_hooks.clear()
             convert_param(m.weight, fmt)
             x = torch.randn(c.input_shape, dtype=c.dtype, device=m.weight.device).contiguous(memory_format=fmt)
-            fns[fmt_name] = conv_step(m, x, train, needs_input_grad=not c.from_model_input)
-        t = median_times(fns, repeats, min_sample_us=timing.SAMPLE_US, device=device, clock=clock)
-        out[key] = {"contiguous": t["contiguous"], "channels_last": t[CL_NAME[rank]]}
-    return out
+            fns["contiguous" if fmt_name == "contiguous" else "channels_last"] = conv_step(
+                m, x, train, needs_input_grad=not c.from_model_input)
+        out[key] = Rounds(fns, min_sample_us=timing.SAMPLE_US, device=device)
+    return sigs, out
+
+
+@dataclass
+class ConvGroup:
+    """Convolution modules whose calls have the same signatures: one measurement, one verdict,
+    one format. ``counts``: calls per signature, over all members; ``fixed``: per format, the
+    time of the ops after the members and of converting their inputs from fixed sources (the
+    part of the decision not measured in the rounds)."""
+
+    members: list[str]
+    counts: dict[tuple, int]
+    fixed: dict[str, float]
+    decision: Decision | None = None
+    shown: tuple[float, float, float] = (float("nan"), float("nan"), float("nan"))  # cl / contiguous
+
+    def totals(self, rounds: dict[tuple, Rounds], clock: str) -> dict[str, list[float]]:
+        """Per format, the group's time in each round: its convolutions' samples plus ``fixed``."""
+        n = min(len(rounds[s]) for s in self.counts)
+        out = {}
+        for f in ("contiguous", "channels_last"):
+            out[f] = [self.fixed[f] + sum(k * rounds[s].times(clock)[f][j] for s, k in self.counts.items())
+                      for j in range(n)]
+        return out
+
+    def decide(self, rounds: dict[tuple, Rounds], clock: str, default: str, margin: float) -> Decision:
+        t = self.totals(rounds, clock)
+        alt = other_format(default)
+        self.decision = decide(ratios(t[alt], t[default]), margin)
+        shown = ratios(t["channels_last"], t["contiguous"])
+        self.shown = (statistics.median(shown), *median_interval(shown)) if shown else self.shown
+        return self.decision
+
+
+def other_format(fmt: str) -> str:
+    return "contiguous" if fmt == "channels_last" else "channels_last"
+
+
+def conv_groups(names: list[str], calls: list[Call], sigs: list[tuple], fixed: dict[str, dict[str, float]]) -> list[ConvGroup]:
+    """The modules grouped by the signatures of their calls, in order of first call."""
+    per_module: dict[str, Counter] = {n: Counter() for n in names}
+    for c, s in zip(calls, sigs):
+        per_module[c.module][s] += 1
+    groups: dict[tuple, ConvGroup] = {}
+    for n in names:
+        key = tuple(sorted(per_module[n].items(), key=repr))
+        g = groups.setdefault(key, ConvGroup([], Counter(), {"contiguous": 0.0, "channels_last": 0.0}))
+        g.members.append(n)
+        g.counts.update(per_module[n])
+        for f in g.fixed:
+            g.fixed[f] += fixed[n][f]
+    return list(groups.values())
+
+
+def decide_groups(groups: list[ConvGroup], rounds: dict[tuple, Rounds], *, clock: str, default: str,
+                  margin: float, repeats: int, max_repeats: int, tick: Callable[[int], None] = lambda n: None) -> None:
+    """Take ``repeats`` rounds of every signature, then more, ``repeats`` at a time, for the
+    signatures of every group whose decision is still within noise, until each is clear or has
+    ``max_repeats`` rounds. Sets each group's ``decision``."""
+    step = max(1, repeats)
+    want = {s: repeats for s in rounds}
+    while True:
+        for s, r in rounds.items():
+            if len(r) < want[s]:
+                n = want[s] - len(r)
+                r.run(n)
+                tick(n)
+        pending = [g for g in groups if g.decide(rounds, clock, default, margin).within_noise
+                   and min(len(rounds[s]) for s in g.counts) < max_repeats]
+        if not pending:
+            return
+        for g in pending:
+            for s in g.counts:
+                want[s] = max(want[s], min(max_repeats, len(rounds[s]) + step))
+
+
+def conv_medians(rounds: dict[tuple, Rounds], clock: str) -> dict[tuple, dict[str, float]]:
+    """Median time of each signature in both formats, over every round taken."""
+    return {s: {f: statistics.median(v) for f, v in r.times(clock).items()} for s, r in rounds.items()}
 
 
 def conv_step(m: nn.Module, x: torch.Tensor, train: bool, needs_input_grad: bool) -> Callable[[], object]:
@@ -66,7 +150,8 @@ def conv_step(m: nn.Module, x: torch.Tensor, train: bool, needs_input_grad: bool
     return step
 
 
-def conversion_times(edges: list[Edge], repeats: int, device, clock) -> dict[tuple, dict[str, float]]:
+def conversion_times(edges: list[Edge], repeats: int, device, clock,
+                     tick: Callable[[int], None] = lambda n: None) -> dict[tuple, dict[str, float]]:
     """Time of converting each distinct (shape, dtype) to each format."""
     out = {}
     for e in edges:
@@ -80,17 +165,22 @@ def conversion_times(edges: list[Edge], repeats: int, device, clock) -> dict[tup
                           "contiguous": lambda s=cl_src: s.contiguous()}, repeats,
                          min_sample_us=timing.SAMPLE_US, device=device, clock=clock)
         out[key] = t
+        tick(1)
     return out
 
 
-def ops_between_convs(structure, cl_run, c_run, names, planned, given, train, loss_fn, recordings):
+def ops_between_convs(structure, cl_run, c_run, names, planned, given, train, loss_fn, recordings,
+                      tick: Callable[[int], None] = lambda n: None):
     """Median time of the ops each convolution's output goes through, in both uniform formats,
-    over ``recordings`` timed audits each (the structure audit is the first channels_last one)."""
+    over ``recordings`` timed audits each (the structure audit is the first channels_last one).
+    ``cl_run`` and ``c_run`` are (model call, inputs) pairs."""
     owned = {"channels_last": [owned_time_us(structure, planned, given)], "contiguous": []}
     for i in range(recordings):
         if i:
             owned["channels_last"].append(owned_time_us(record(*cl_run, train, loss_fn, True), planned, given))
+            tick(1)
         owned["contiguous"].append(owned_time_us(record(*c_run, train, loss_fn, True), planned, given))
+        tick(1)
     return {f: {n: statistics.median(d.get(n, 0.0) for d in owned[f]) for n in names} for f in owned}
 
 
@@ -117,20 +207,18 @@ def border_costs(edges: list[Edge], times: dict, names: list[str], train: bool):
     return fixed, pair
 
 
-def measure_candidates(model, inputs, options, ranks, calls, train, loss_fn, repeats, device, clock):
-    """Each candidate labelling applied to a copy of ``model`` and timed end to end, interleaved:
-    ``{name: (time, spread, faults)}``; identical labellings are timed once."""
-    fns, seen = {}, {}
+def candidate_rounds(model, inputs, kwargs, options, ranks, calls, train, loss_fn, device) -> tuple[Rounds, dict[str, str]]:
+    """Each candidate labelling applied to a copy of ``model``, ready to be timed end to end in
+    interleaved rounds; identical labellings are timed once. Returns the rounds and, per
+    candidate, the name it is timed under."""
+    fns, seen, timed_as = {}, {}, {}
     for name, labels in options.items():
         key = tuple(sorted(labels.items()))
-        if key in seen:
-            continue
-        seen[key] = name
-        m = copy.deepcopy(model)
-        formats = rank_names(labels, ranks)
-        apply_formats(m, formats, converted_inputs(formats, calls))
-        fns[name] = step_fn(m, inputs, train, loss_fn)
-    t = time_interleaved(fns, repeats, min_sample_us=timing.MODEL_SAMPLE_US, device=device)
-    return {name: (float(t.at[seen[key], f"{clock}_us"]), float(t.at[seen[key], f"{clock}_spread"]),
-                   float(t.at[seen[key], "faults"]))
-            for name, key in ((n, tuple(sorted(lab.items()))) for n, lab in options.items())}
+        if key not in seen:
+            seen[key] = name
+            m = copy.deepcopy(model)
+            formats = rank_names(labels, ranks)
+            apply_formats(m, formats, converted_inputs(formats, calls))
+            fns[name] = step_fn(m, inputs, train, loss_fn, kwargs)
+        timed_as[name] = seen[key]
+    return Rounds(fns, min_sample_us=timing.MODEL_SAMPLE_US, device=device), timed_as

@@ -73,6 +73,86 @@ def default_clock(device: torch.device | str = "cpu") -> str:
     return "cpu" if torch.device(device).type == "cpu" and torch.get_num_threads() == 1 else "wall"
 
 
+def sample(name: str, fn: Callable[[], object], number: int, device: torch.device) -> tuple[float, float, float]:
+    """One sample: ``fn`` called ``number`` times; (wall µs, process CPU µs, minor page faults),
+    each per call. ``name`` is the candidate's name (tests replace this function to inject
+    times)."""
+    sync(device)
+    f0, t0, c0 = minor_faults(), time.perf_counter(), time.process_time()
+    for _ in range(number):
+        fn()
+    sync(device)
+    return ((time.perf_counter() - t0) * 1e6 / number, (time.process_time() - c0) * 1e6 / number,
+            (minor_faults() - f0) / number)
+
+
+class Rounds:
+    """Samples of several callables taken in interleaved rounds (A B C, A B C, ...), kept so that
+    more rounds can be added until a decision is clear (:mod:`auditor.plan.decide`).
+
+    Each callable is warmed up once and calibrated so that one sample lasts at least
+    ``min_sample_us``; ``wall[name]``, ``cpu[name]`` and ``faults[name]`` hold one value per
+    round (per call).
+    """
+
+    def __init__(self, fns: dict[str, Callable[[], object]], *, min_sample_us: float = 1000.0,
+                 device: torch.device | str = "cpu"):
+        self.fns = dict(fns)
+        self.device = torch.device(device)
+        self.number = {}
+        for name, fn in self.fns.items():
+            fn()  # warm-up: allocator, kernels, lazy init
+            sync(self.device)
+            t0 = time.perf_counter()
+            fn()
+            sync(self.device)
+            once = (time.perf_counter() - t0) * 1e6
+            self.number[name] = max(1, math.ceil(min_sample_us / max(once, 1.0)))
+        self.wall: dict[str, list[float]] = {name: [] for name in self.fns}
+        self.cpu: dict[str, list[float]] = {name: [] for name in self.fns}
+        self.faults: dict[str, list[float]] = {name: [] for name in self.fns}
+
+    def __len__(self) -> int:
+        """Rounds taken so far."""
+        return min((len(v) for v in self.wall.values()), default=0)
+
+    def run(self, rounds: int) -> Rounds:
+        """Take ``rounds`` more rounds; returns ``self``."""
+        for _ in range(rounds):
+            for name, fn in self.fns.items():
+                w, c, f = sample(name, fn, self.number[name], self.device)
+                self.wall[name].append(w)
+                self.cpu[name].append(c)
+                self.faults[name].append(f)
+        return self
+
+    def times(self, clock: str) -> dict[str, list[float]]:
+        """Per callable, its samples on ``clock`` (``wall`` or ``cpu``), one per round."""
+        return {"wall": self.wall, "cpu": self.cpu}[clock]
+
+    def frame(self) -> pd.DataFrame:
+        """One row per callable: medians, spreads and faults, as :func:`time_interleaved`."""
+        rows = []
+        for name in self.fns:
+            row = {"name": name, "faults": statistics.median(self.faults[name]) if self.faults[name] else 0.0}
+            for clock in ("wall", "cpu"):
+                samples = self.times(clock)[name]
+                med = statistics.median(samples) if samples else float("nan")
+                row[f"{clock}_us"] = med
+                row[f"{clock}_spread"] = spread(samples)
+            rows.append(row)
+        return pd.DataFrame(rows).set_index("name")
+
+
+def spread(samples: list[float]) -> float:
+    """Interquartile range over the median (0 for fewer than two samples)."""
+    if len(samples) < 2:
+        return 0.0
+    med = statistics.median(samples)
+    q1, q3 = np.percentile(samples, [25, 75])
+    return float((q3 - q1) / med) if med else 0.0
+
+
 def time_interleaved(fns: dict[str, Callable[[], object]], repeats: int = 7, *, min_sample_us: float = 1000.0,
                      device: torch.device | str = "cpu") -> pd.DataFrame:
     """Time each callable ``repeats`` times, interleaved (A B C A B C ...) so that load from
@@ -84,40 +164,7 @@ def time_interleaved(fns: dict[str, Callable[[], object]], repeats: int = 7, *, 
     (interquartile range over median) and ``faults`` (median minor page faults per call: above
     zero, the allocator is returning memory to the OS between calls, see :func:`steady_malloc`).
     """
-    device = torch.device(device)
-    number = {}
-    for name, fn in fns.items():
-        fn()  # warm-up: allocator, kernels, lazy init
-        sync(device)
-        t0 = time.perf_counter()
-        fn()
-        sync(device)
-        once = (time.perf_counter() - t0) * 1e6
-        number[name] = max(1, math.ceil(min_sample_us / max(once, 1.0)))
-    wall = {name: [] for name in fns}
-    cpu = {name: [] for name in fns}
-    faults = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            n = number[name]
-            sync(device)
-            f0, t0, c0 = minor_faults(), time.perf_counter(), time.process_time()
-            for _ in range(n):
-                fn()
-            sync(device)
-            wall[name].append((time.perf_counter() - t0) * 1e6 / n)
-            cpu[name].append((time.process_time() - c0) * 1e6 / n)
-            faults[name].append((minor_faults() - f0) / n)
-    rows = []
-    for name in fns:
-        row = {"name": name, "faults": statistics.median(faults[name])}
-        for clock, samples in (("wall", wall[name]), ("cpu", cpu[name])):
-            med = statistics.median(samples)
-            q1, q3 = np.percentile(samples, [25, 75])
-            row[f"{clock}_us"] = med
-            row[f"{clock}_spread"] = float((q3 - q1) / med) if med else 0.0
-        rows.append(row)
-    return pd.DataFrame(rows).set_index("name")
+    return Rounds(fns, min_sample_us=min_sample_us, device=device).run(repeats).frame()
 
 
 def median_times(fns: dict[str, Callable[[], object]], repeats: int = 7, *, min_sample_us: float = 1000.0,
@@ -129,12 +176,14 @@ def median_times(fns: dict[str, Callable[[], object]], repeats: int = 7, *, min_
     return t[f"{clock}_us"].to_dict()
 
 
-def step_fn(model: nn.Module, inputs: tuple, train: bool, loss_fn: Callable) -> Callable[[], object]:
+def step_fn(model: nn.Module, inputs: tuple, train: bool, loss_fn: Callable,
+            kwargs: dict | None = None) -> Callable[[], object]:
     """One inference call, or one forward + backward with gradients reset beforehand."""
+    kwargs = kwargs or {}
     if not train:
         def infer():
             with torch.no_grad():
-                return model(*inputs)
+                return model(*inputs, **kwargs)
         return infer
 
     params = [p for p in model.parameters() if p.requires_grad]
@@ -142,5 +191,5 @@ def step_fn(model: nn.Module, inputs: tuple, train: bool, loss_fn: Callable) -> 
     def step():
         for p in params:
             p.grad = None
-        loss_fn(model(*inputs)).backward()
+        loss_fn(model(*inputs, **kwargs)).backward()
     return step
