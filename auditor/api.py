@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 
 from .fake import fake_audit
 from .result import Audit
-from .session import default_loss, record_step, run_step
+from .session import check_kwargs, default_loss, record_step, run_step
 
 
 def audit(
     model: Callable,
     *inputs,
+    kwargs: Mapping | None = None,
     backward: bool = True,
     loss_fn: Callable | None = None,
     optimizer: torch.optim.Optimizer | None = None,
@@ -27,17 +28,19 @@ def audit(
 ) -> Audit:
     """Run one step of ``model`` on ``inputs`` under a :class:`FormatAuditor` and return the Audit.
 
-    The step is the forward pass, then (``backward=True``) ``loss_fn(output).backward()``, where
-    the default loss is ``output.sum()``, then ``optimizer.step()`` when an optimizer is given.
-    Exceptions from the model propagate; ``strict=True`` raises at the first loss. Source
-    lines and times are recorded by default, since causes name the line to change and rank by
-    the time they cost (``record_time=False`` records faster, without times; fake steps run
-    no kernels, so they record no times and ``record_time=True`` with ``fake=True`` is an
-    error).
+    The step is the forward pass (``model(*inputs, **kwargs)``; ``kwargs`` is a mapping of
+    keyword arguments, ``None`` for none), then (``backward=True``)
+    ``loss_fn(output).backward()``, where the default loss is ``output.sum()``, then
+    ``optimizer.step()`` when an optimizer is given. Exceptions from the model propagate;
+    ``strict=True`` raises at the first loss. Source lines and times are recorded by default,
+    since causes name the line to change and rank by the time they cost (``record_time=False``
+    records faster, without times; fake steps run no kernels, so they record no times and
+    ``record_time=True`` with ``fake=True`` is an error).
 
-    ``fake=True`` runs the step on fake tensors (:mod:`auditor.fake`): parameters, buffers and
-    inputs become fakes on ``device`` and, for floating tensors, ``dtype`` (by default the
-    model's own), strides kept; the model and the optimizer are left untouched.
+    ``fake=True`` runs the step on fake tensors (:mod:`auditor.fake`): parameters, buffers,
+    inputs and the tensors in ``kwargs`` become fakes on ``device`` and, for floating tensors,
+    ``dtype`` (by default the model's own), strides kept; the model and the optimizer are left
+    untouched.
 
     ``warmup`` steps run unrecorded first, so that times are those of a steady step rather than
     of the first one in the process (which sets up kernels and memory). They are real steps:
@@ -47,18 +50,19 @@ def audit(
         raise TypeError(f"model must be callable, got {type(model).__name__}")
     if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
         raise ValueError(f"warmup is a number of steps, at least 0, got {warmup!r}")
+    kwargs = check_kwargs(kwargs)
     if fake and record_time:
         raise ValueError("fake tensors run no kernels, so a fake audit has no times: leave record_time unset")
     record_time = not fake if record_time is None else record_time
     loss_fn = loss_fn or default_loss
     for _ in range(0 if fake else warmup):
-        run_step(model, inputs, backward=backward, loss_fn=loss_fn, optimizer=optimizer)
+        run_step(model, inputs, kwargs=kwargs, backward=backward, loss_fn=loss_fn, optimizer=optimizer)
     if fake:
         return fake_audit(
-            model, inputs, device=device, dtype=dtype, backward=backward, loss_fn=loss_fn,
+            model, inputs, kwargs=kwargs, device=device, dtype=dtype, backward=backward, loss_fn=loss_fn,
             optimizer=optimizer, strict=strict, record_source=record_source,
         )
     if device is not None or dtype is not None:
         raise ValueError("device= and dtype= apply to fake audits only: pass fake=True")
-    return record_step(model, inputs, backward=backward, loss_fn=loss_fn, optimizer=optimizer, strict=strict,
+    return record_step(model, inputs, kwargs=kwargs, backward=backward, loss_fn=loss_fn, optimizer=optimizer, strict=strict,
                        record_source=record_source, record_time=record_time)

@@ -18,7 +18,7 @@ the call, by ``torch.func.functional_call``; real weights are never copied.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
@@ -207,6 +207,7 @@ def fake_audit(
     model: Callable,
     inputs: tuple,
     *,
+    kwargs: Mapping | None = None,
     device=None,
     dtype=None,
     backward: bool,
@@ -215,13 +216,15 @@ def fake_audit(
     strict: bool,
     record_source: bool,
 ) -> Audit:
-    """One step of ``model`` on fake copies of its state and ``inputs``; see :func:`auditor.audit`."""
+    """One step of ``model`` on fake copies of its state, ``inputs`` and the tensors in
+    ``kwargs``; see :func:`auditor.audit`."""
+    kwargs = dict(kwargs or {})
     is_module = isinstance(model, torch.nn.Module)
     params = dict(model.named_parameters()) if is_module else {}
     buffers = dict(model.named_buffers()) if is_module else {}
     state = [*params.values(), *buffers.values()]
     if not state:  # no state: the inputs say where the model runs
-        state = [t for t in _tensors(inputs) if t.device.type != "meta"][:1]
+        state = [t for t in _tensors((inputs, kwargs)) if t.device.type != "meta"][:1]
     target = resolve_device(device, state)
     dtype = resolve_dtype(dtype)
 
@@ -232,6 +235,7 @@ def fake_audit(
     fake_state = {n: faker(p, param=True) for n, p in params.items()}
     fake_state.update({n: faker(b) for n, b in buffers.items()})
     fake_inputs = tree_map_only(torch.Tensor, faker, inputs)
+    fake_kwargs = tree_map_only(torch.Tensor, faker, kwargs)
     fakes = {key: fake for key, (_, fake) in faker.memo.items()}
     fake_opt = _fake_optimizer(optimizer, faker, fakes) if optimizer is not None else None
 
@@ -241,7 +245,7 @@ def fake_audit(
         # fake kernels compute nothing: there is no time to record
         fa = FormatAuditor(strict=strict, record_source=record_source)
         with fa, shim:
-            output = _forward(model, fake_state, fake_inputs, is_module)
+            output = _forward(model, fake_state, fake_inputs, fake_kwargs, is_module)
             if backward:
                 _backward(loss_to_backward(loss_fn, output), shim, target)
                 if fake_opt is not None:
@@ -262,11 +266,11 @@ def _gradient_accumulators(faker: _Faker, shim: _DeviceShim) -> list:
         shim.hide_all = False
 
 
-def _forward(model, fake_state: dict, fake_inputs, is_module: bool):
+def _forward(model, fake_state: dict, fake_inputs, fake_kwargs: dict, is_module: bool):
     if is_module:
-        return torch.func.functional_call(model, fake_state, fake_inputs, strict=False)
+        return torch.func.functional_call(model, fake_state, fake_inputs, fake_kwargs, strict=False)
     try:
-        return model(*fake_inputs)
+        return model(*fake_inputs, **fake_kwargs)
     except AssertionError as exc:
         if "convert all Tensors to FakeTensors" not in str(exc):
             raise

@@ -8,9 +8,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Mapping
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack, _pop_mode
 
 from .recording.mode import RawLog, RecorderMode, process_group
 from .recording.modules import ForwardModuleTracker
@@ -22,8 +24,10 @@ class FormatAuditor:
     """Record every aten op run inside the ``with`` block; ``fa.audit`` is the result.
 
     A thin owner of a private ``TorchDispatchMode`` and torch's ``ModuleTracker``, like
-    ``torch.utils.flop_counter.FlopCounterMode``. Forward, backward (the autograd engine) and
-    optimizer steps inside the block are all recorded; ops that other threads run are not.
+    ``torch.utils.flop_counter.FlopCounterMode``. Forward, backward (the autograd engine, on
+    whichever of its threads it runs) and optimizer steps inside the block are all recorded;
+    the ops and module calls of other threads are not. Entering and leaving leave no mode and
+    no hook behind, whatever fails (``KeyboardInterrupt`` included).
 
     Args:
         strict: raise :class:`auditor.FormatLossError` at the first op that loses channels_last
@@ -66,11 +70,10 @@ class FormatAuditor:
         if self._state == "recording":
             raise RuntimeError("this FormatAuditor is already recording: nest a new FormatAuditor instead")
         self._audit = None
-        self._tracker = ForwardModuleTracker()
-        self._mode = RecorderMode(
-            self._tracker, strict=self.strict, record_source=self.record_source, record_time=self.record_time
+        self._tracker = tracker = ForwardModuleTracker()
+        self._mode = mode = RecorderMode(
+            tracker, strict=self.strict, record_source=self.record_source, record_time=self.record_time
         )
-        mode = self._mode
         from torch.optim.optimizer import (
             register_optimizer_step_post_hook,
             register_optimizer_step_pre_hook,
@@ -82,28 +85,42 @@ class FormatAuditor:
         def post(*_):
             mode.optimizer_depth = max(0, mode.optimizer_depth - 1)
 
+        # whatever fails on the way in (KeyboardInterrupt included) leaves no hook and no mode
         try:
-            self._hooks = [register_optimizer_step_pre_hook(pre), register_optimizer_step_post_hook(post)]
-            self._tracker.__enter__()
+            self._hooks.append(register_optimizer_step_pre_hook(pre))
+            self._hooks.append(register_optimizer_step_post_hook(post))
+            tracker.__enter__()
             if self.record_time and self.profile:
                 self._profile = ProfileSession(record_shapes=True)
                 self._profile.start()  # before the mode, so its own records are inside
             mode.__enter__()
+            self._state = "recording"
         except BaseException:
-            self._teardown()
+            self._mode = None
+            self._state = "done"
+            try:
+                _leave(mode)
+            finally:
+                self._teardown()
+                mode.release()
             raise
-        self._state = "recording"
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        mode = self._mode
+        mode, tracker = self._mode, self._tracker
+        self._mode = None  # the block's buffers go with the Audit built from them
+        self._state = "done"
+        # the mode, the hooks and the profiler go first, whatever fails after them
+        result = None
         try:
-            mode.__exit__(exc_type, exc, tb)
-        finally:
-            result = self._profile.stop() if self._profile is not None else None
-            types = dict(self._tracker.types) if self._tracker else {}
-            self._teardown()
-            self._state = "done"
+            try:
+                _leave(mode, exc_type, exc, tb)
+            finally:
+                try:
+                    result = self._profile.stop() if self._profile is not None else None
+                finally:
+                    types = dict(tracker.types) if tracker is not None else {}
+                    self._teardown()
             rank, world_size = process_group()
             raw = RawLog(
                 rank=rank,
@@ -114,27 +131,55 @@ class FormatAuditor:
                 module_types=types,
                 complete=exc_type is None,
                 error="" if exc_type is None else f"{exc_type.__name__}: {exc}",
-                compiled=mode.compiled,
+                compiled=mode.compiled_events(),
             )
             if result is not None:
                 timing = join([e[0] for e in mode.events], mode.failed, result)
                 raw.time_ns, raw.start_ns, raw.gap_ns, raw.hidden = (
                     timing.time_ns, timing.start_ns, timing.gap_ns, timing.hidden)
-            mode.release()
-            self._mode = None  # the block's buffers go with the Audit built from them
+            del result
             self._audit = Audit.from_raw(raw)
+        finally:
+            mode.release()
+        if len(raw.compiled):
+            warnings.warn(
+                f"auditor: {len(raw.compiled)} recorded ops ran inside torch.compile'd code (events with "
+                "compiled=True, their backward included); under a Python dispatch mode Dynamo runs "
+                "that code eagerly, so the audit shows the eager ops and their layouts, not the "
+                "compiled graph's kernels",
+                UserWarning,
+                stacklevel=2,
+            )
         return False
 
     def _teardown(self) -> None:
-        for h in self._hooks:
-            h.remove()
-        self._hooks = []
-        if self._profile is not None:
-            self._profile.stop()
-            self._profile = None
-        if self._tracker is not None:
-            self._tracker.__exit__(None, None, None)
-            self._tracker = None
+        """Remove the optimizer hooks, the tracker's module hooks and the profiler; each is
+        removed even when removing another raised."""
+        hooks, self._hooks = self._hooks, []
+        profile, self._profile = self._profile, None
+        tracker, self._tracker = self._tracker, None
+        try:
+            for h in hooks:
+                h.remove()
+        finally:
+            try:
+                if profile is not None:
+                    profile.stop()
+            finally:
+                if tracker is not None:
+                    tracker.__exit__(None, None, None)
+
+
+def _leave(mode: RecorderMode, exc_type=None, exc=None, tb=None) -> None:
+    """Take ``mode`` off this thread's dispatch-mode stack: through its ``__exit__``, and if
+    that failed before popping it, by popping it while it is on top."""
+    try:
+        if any(m is mode for m in _get_current_dispatch_mode_stack()):
+            mode.__exit__(exc_type, exc, tb)
+    finally:
+        stack = _get_current_dispatch_mode_stack()
+        if stack and stack[-1] is mode:
+            _pop_mode()
 
 
 def loss_to_backward(loss_fn: Callable, output) -> torch.Tensor:
@@ -167,6 +212,7 @@ def record_step(
     model: Callable,
     inputs: tuple,
     *,
+    kwargs: Mapping | None = None,
     backward: bool = True,
     loss_fn: Callable | None = None,
     optimizer: torch.optim.Optimizer | None = None,
@@ -174,20 +220,34 @@ def record_step(
     record_source: bool = False,
     record_time: bool = False,
 ) -> Audit:
-    """One step of ``model`` on ``inputs`` under a :class:`FormatAuditor`: the forward pass,
-    then (``backward``) ``loss_fn(output).backward()`` (default :func:`default_loss`), then
-    ``optimizer.step()``. Exceptions from the model propagate."""
+    """One step of ``model`` on ``inputs`` (and keyword arguments ``kwargs``) under a
+    :class:`FormatAuditor`: the forward pass, then (``backward``) ``loss_fn(output).backward()``
+    (default :func:`default_loss`), then ``optimizer.step()``. Exceptions from the model
+    propagate."""
     fa = FormatAuditor(strict=strict, record_source=record_source, record_time=record_time)
     with fa:
-        run_step(model, inputs, backward=backward, loss_fn=loss_fn, optimizer=optimizer)
+        run_step(model, inputs, kwargs=kwargs, backward=backward, loss_fn=loss_fn, optimizer=optimizer)
     return fa.audit
 
 
-def run_step(model: Callable, inputs: tuple, *, backward: bool = True, loss_fn: Callable | None = None,
-             optimizer: torch.optim.Optimizer | None = None) -> object:
-    """One step, unrecorded: the forward pass, then ``loss_fn(output).backward()`` and
-    ``optimizer.step()`` when ``backward``. Returns the output."""
-    output = model(*inputs)
+def check_kwargs(kwargs) -> dict:
+    """The model's keyword arguments as a dict; anything but a Mapping (or None) is refused."""
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, Mapping):
+        raise TypeError(f"kwargs must be a mapping of keyword arguments for the model, got {type(kwargs).__name__}")
+    bad = [k for k in kwargs if not isinstance(k, str)]
+    if bad:
+        raise TypeError(f"kwargs keys must be argument names (str), got {bad[0]!r}")
+    return dict(kwargs)
+
+
+def run_step(model: Callable, inputs: tuple, *, kwargs: Mapping | None = None, backward: bool = True,
+             loss_fn: Callable | None = None, optimizer: torch.optim.Optimizer | None = None) -> object:
+    """One step, unrecorded: the forward pass (``model(*inputs, **kwargs)``), then
+    ``loss_fn(output).backward()`` and ``optimizer.step()`` when ``backward``. Returns the
+    output."""
+    output = model(*inputs, **check_kwargs(kwargs))
     if backward:
         loss_to_backward(loss_fn or default_loss, output).backward()
         if optimizer is not None:

@@ -2,27 +2,55 @@
 purpose and checks that auditor says what is wrong, naming where, instead of answering wrongly.
 
 One section per item; the checks of a section can fail only through the code of that item.
+The recorder's items (threads, entering and leaving, tensors without strides, checkpointing,
+deep models, keyword arguments, torch.compile, memory) use the models in ``fault_models.py``.
 """
 
 from __future__ import annotations
 
+import collections
 import csv
 import functools
+import gc
+import importlib
 import io
+import os
 import re
+import sys
+import textwrap
+import time
+import traceback
+import tracemalloc
+import types
+import warnings
+import weakref
 import zlib
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
+from fault_models import (
+    Block,
+    Chain,
+    Checkpointed,
+    CountingMode,
+    ForeignThreads,
+    Masked,
+    global_state,
+    nested_checkpoints,
+    wrapped,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pandas.testing import assert_frame_equal
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
 import auditor
 from auditor.recording import log
+from auditor.recording.mode import RecorderMode
+from auditor.recording.profile import ProfileSession
 
 # -- the CSV file (item 7) ----------------------------------------------------------------------
 #
@@ -528,3 +556,679 @@ def test_csv_damage_is_read_exactly_or_named(how):
         assert _NAMED.search(str(exc)), str(exc)
         return
     _assert_same(original, back)
+
+
+# -- threads (item 1) ---------------------------------------------------------------------------
+#
+# Module hooks are global to the process; the dispatch-mode stack is per thread. Other threads'
+# module calls must not reach the module column, and their ops must not be recorded; the
+# autograd engine's threads, which run the recording's backward with its modes, must be.
+
+
+def _small_conv_net():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 4, 3, padding=1))
+    return model.to(memory_format=torch.channels_last), torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last)
+
+
+def test_threads_other_threads_module_calls_and_ops_stay_out_of_the_log():
+    model, x = _small_conv_net()
+    model(x).sum().backward()  # every step from now on accumulates into existing gradients
+    alone = auditor.audit(model, x, record_time=False)
+    expected = (alone.events["op"].astype(str).tolist(), alone.events["module"].astype(str).tolist())
+    with ForeignThreads(2) as foreign:
+        while foreign.calls < 4:  # both threads are running their models
+            time.sleep(0.01)
+        seen = foreign.calls
+        for _ in range(20):
+            a = auditor.audit(model, x, record_time=False)
+            assert set(a.events["module"].astype(str)) == set(alone.events["module"].astype(str))
+            assert (a.events["op"].astype(str).tolist(), a.events["module"].astype(str).tolist()) == expected
+            assert "alien" not in " ".join(a.events["module_type"].astype(str)) + " ".join(a.events["module"].astype(str))
+        assert foreign.calls > seen  # they ran beside the recordings
+    assert not foreign.errors
+
+
+@pytest.mark.filterwarnings("ignore:None of the inputs have requires_grad")  # inner checkpoints under no_grad
+def test_threads_backward_on_the_engines_worker_threads_is_recorded_with_its_modules():
+    """Reentrant checkpoints nested past the engine's reentrant depth (60) run their backward,
+    recomputation included, on the engine's worker threads: every op is recorded, and each
+    op, and every node such a thread makes, is its own module's."""
+    from fault_models import ThreadOf
+
+    depth = 70
+    torch.manual_seed(0)
+    model, x = nested_checkpoints(depth, noted=True), torch.randn(2, 4, requires_grad=True)
+    counter = CountingMode()
+    ThreadOf.threads = set()
+    with counter:
+        model(x).sum().backward()
+    assert len(ThreadOf.threads) > 1  # the engine did use another thread
+    model.zero_grad(set_to_none=True)
+    x.grad = None
+    with auditor.FormatAuditor() as fa:
+        model(x).sum().backward()
+    ev = fa.audit.events
+    assert ev["op"].astype(str).tolist() == counter.ops
+    bw = ev[ev["phase"] == "backward"]
+    ops, modules = bw["op"].astype(str), bw["module"].astype(str)
+    levels = ["<root>"] + [".".join(["inner"] * k) for k in range(1, depth)]
+    # tanh and its backward belong to the level, the linear layer's ops to its lin
+    tanh_backward = ops.eq("aten.tanh_backward.default")
+    assert sorted(modules[tanh_backward]) == sorted(levels)
+    assert not (ops.isin(["aten.mm.default", "aten.addmm.default"]) & ~modules.str.endswith("lin")).any()
+    # a level is recomputed once per checkpoint around it: level k, k times
+    recomputed = modules[ops.eq("aten.tanh.default")].value_counts()
+    assert {name: int(n) for name, n in recomputed.items()} == {levels[k]: k for k in range(1, depth)}
+
+
+# -- entering and leaving (item 2) ---------------------------------------------------------------
+
+
+def _raise_keyboard_interrupt(*_a, **_k):
+    raise KeyboardInterrupt
+
+
+@pytest.fixture
+def untouched():
+    """The test must leave torch's global state as it found it."""
+    before = global_state()
+    yield before
+    assert global_state() == before
+
+
+def test_entry_reentering_an_active_auditor_raises_and_the_recording_goes_on(untouched):
+    model, x = _small_conv_net()
+    fa = auditor.FormatAuditor()
+    with fa:
+        with pytest.raises(RuntimeError, match="already recording"):
+            with fa:
+                pass
+        model(x)
+        assert len(_get_current_dispatch_mode_stack()) == 1
+    assert "aten.convolution.default" in set(fa.audit.events["op"].astype(str))
+    with fa:  # and it can record again afterwards
+        model(x)
+    assert fa.audit.complete
+
+
+def _pushed_then_interrupted(self):
+    TorchDispatchMode.__enter__(self)
+    raise KeyboardInterrupt
+
+
+def _patch(monkeypatch, target: str, replacement) -> None:
+    """``monkeypatch.setattr`` on a dotted path whose package does not name its module
+    (``torch.optim`` hides ``optimizer``)."""
+    path, name = target.rsplit(".", 1)
+    owner, attrs = None, []
+    while owner is None:
+        try:
+            owner = importlib.import_module(path)
+        except ImportError:
+            path, attr = path.rsplit(".", 1)
+            attrs.insert(0, attr)
+    for attr in attrs:
+        owner = getattr(owner, attr)
+    monkeypatch.setattr(owner, name, replacement)
+
+
+@pytest.mark.parametrize(
+    "target, replacement, error",
+    [
+        ("auditor.recording.profile.ProfileSession.start", _raise_keyboard_interrupt, KeyboardInterrupt),
+        ("auditor.recording.modules.register_module_forward_hook", _raise_keyboard_interrupt, KeyboardInterrupt),
+        ("auditor.recording.mode.RecorderMode.__enter__", _pushed_then_interrupted, KeyboardInterrupt),
+        ("torch.optim.optimizer.register_optimizer_step_post_hook", _raise_keyboard_interrupt, KeyboardInterrupt),
+    ],
+    ids=["profiler start", "module hook", "mode pushed, then interrupted", "optimizer hook"],
+)
+def test_entry_failure_leaves_no_mode_and_no_hook(untouched, monkeypatch, target, replacement, error):
+    _patch(monkeypatch, target, replacement)
+    fa = auditor.FormatAuditor(record_time=True)
+    with pytest.raises(error):
+        with fa:
+            pytest.fail("the block must not run")
+    assert global_state() == untouched
+    with pytest.raises(RuntimeError, match="no audit"):
+        _ = fa.audit
+    monkeypatch.undo()
+    model, x = _small_conv_net()
+    with fa:  # the same auditor records once the fault is gone
+        model(x)
+    assert len(fa.audit.events) == 4
+
+
+def _failing_exit(self, *exc):
+    raise RuntimeError("mode exit failed")
+
+
+_STOP = ProfileSession.stop
+
+
+def _stopped_then_interrupted(self):
+    _STOP(self)
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize(
+    "target, replacement, error",
+    [
+        ("auditor.result.Audit.from_raw", _raise_keyboard_interrupt, KeyboardInterrupt),
+        ("auditor.recording.log.build_frames", lambda raw: 1 / 0, ZeroDivisionError),
+        ("auditor.recording.profile.ProfileSession.stop", _stopped_then_interrupted, KeyboardInterrupt),
+        ("auditor.recording.mode.RecorderMode.__exit__", _failing_exit, RuntimeError),
+        ("auditor.recording.modules.ForwardModuleTracker._fw_post_hook", _raise_keyboard_interrupt, KeyboardInterrupt),
+    ],
+    ids=["building the audit", "building the frames", "profiler stop", "mode exit", "interrupted inside the block"],
+)
+def test_exit_failure_leaves_no_mode_and_no_hook(untouched, monkeypatch, target, replacement, error):
+    model, x = _small_conv_net()
+    _patch(monkeypatch, target, replacement)
+    with pytest.raises(error):
+        with auditor.FormatAuditor(record_time=True):
+            model(x).sum().backward()
+    assert global_state() == untouched
+    torch.ones(2) + 1  # no mode left to record it
+
+
+def test_exit_keyboard_interrupt_in_the_block_gives_an_incomplete_audit(untouched):
+    model, x = _small_conv_net()
+    fa = auditor.FormatAuditor()
+    with pytest.raises(KeyboardInterrupt):
+        with fa:
+            model(x)
+            raise KeyboardInterrupt
+    assert global_state() == untouched
+    assert not fa.audit.complete and fa.audit.error.startswith("KeyboardInterrupt")
+    assert len(fa.audit.events) == 4
+
+
+# -- tensors without strides (item 3) ------------------------------------------------------------
+#
+# Each case runs as it runs without the recorder; the tensors that have no strides are recorded
+# with their sizes (-1 for a ragged one), strides "()", format "-" and 0 bytes.
+
+_D4 = torch.randn(2, 3, 4, 4, generator=torch.Generator().manual_seed(0))
+_D4 = _D4 * (_D4 > 0)
+_D2 = _D4[0, 0]
+_W = torch.randn(4, 3, generator=torch.Generator().manual_seed(1))
+
+
+def _coo():
+    s = _D4.to_sparse().requires_grad_()
+    y = (s * 2).to_dense()
+    y.sum().backward()
+    return y, s.grad.to_dense()
+
+
+def _coo_mm():
+    s, w = _D2.to_sparse().requires_grad_(), _W.clone().requires_grad_()
+    y = torch.sparse.mm(s, w)
+    y.sum().backward()
+    return y, s.grad.to_dense(), w.grad
+
+
+def _compressed(layout: str):
+    def run():
+        a = {"csr": _D2.to_sparse_csr, "csc": _D2.to_sparse_csc, "bsr": lambda: _D2.to_sparse_bsr((2, 2)),
+             "bsc": lambda: _D2.to_sparse_bsc((2, 2))}[layout]()
+        if layout in ("bsr", "bsc"):  # no matrix product on CPU for blocked layouts
+            return a.to_dense() * 2, a.values().sum()
+        w = _W.clone().requires_grad_()
+        y = a @ w
+        y.sum().backward()
+        return y, w.grad, a.to_dense()
+    return run
+
+
+def _jagged():
+    parts = [_D4[0, :2, 0, :3], _D4[1, :, 0, :3]]
+    nt = torch.nested.nested_tensor(parts, layout=torch.jagged, requires_grad=True)
+    w = _W.T[:, :3].clone().requires_grad_()
+    y = torch.nn.functional.linear(nt, w).relu()
+    y.values().sum().backward()
+    return y.values(), w.grad
+
+
+def _strided_nested():
+    nt = torch.nested.nested_tensor([_D4[0, :2, 0, :3], _D4[1, :, 0, :3]], requires_grad=True)
+    y = torch.nested.to_padded_tensor(nt * 2, 0.0)
+    y.sum().backward()
+    return y, nt.grad.to_padded_tensor(0.0)
+
+
+def _mkldnn():
+    import torch.utils.mkldnn
+
+    torch.manual_seed(0)
+    conv = torch.utils.mkldnn.to_mkldnn(nn.Conv2d(3, 4, 3, padding=1).eval())
+    with torch.no_grad():  # mkldnn tensors have no autograd
+        y = conv(_D4.to_mkldnn())
+        return torch.relu(y).to_dense(), y.to_dense()
+
+
+def _quantized():
+    q = torch.quantize_per_tensor(_D4, 0.1, 0, torch.quint8).contiguous(memory_format=torch.channels_last)
+    return torch.relu(q).dequantize(), q.int_repr()
+
+
+def _meta():
+    x = torch.empty(2, 3, 8, 8, device="meta").to(memory_format=torch.channels_last).requires_grad_()
+    w = torch.empty(4, 3, 3, 3, device="meta").to(memory_format=torch.channels_last).requires_grad_()
+    y = torch.nn.functional.conv2d(x, w)
+    y.sum().backward()
+    return [(t.shape, t.stride()) for t in (y, x.grad, w.grad)]
+
+
+def _complex():
+    x = (_D4 + 1j * _D4.flip(0)).to(memory_format=torch.channels_last).requires_grad_()
+    y = (x * x).abs()
+    y.sum().backward()
+    return y, x.grad
+
+
+STRIDELESS = {"sparse_coo": _coo, "sparse_coo_mm": _coo_mm, "sparse_csr": _compressed("csr"),
+              "sparse_csc": _compressed("csc"), "sparse_bsr": _compressed("bsr"), "sparse_bsc": _compressed("bsc"),
+              "jagged_nested": _jagged, "strided_nested": _strided_nested, "mkldnn": _mkldnn}
+STRIDED_KINDS = {"quantized": _quantized, "meta": _meta, "complex": _complex}
+
+
+def _same(a, b) -> None:
+    if isinstance(a, torch.Tensor):
+        assert torch.equal(a, b)
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            _same(x, y)
+    else:
+        assert a == b
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")  # torch's beta and deprecation notes
+@pytest.mark.parametrize("name", list(STRIDELESS) + list(STRIDED_KINDS))
+def test_strideless_tensors_run_as_without_the_recorder_and_are_marked_not_applicable(name):
+    run = {**STRIDELESS, **STRIDED_KINDS}[name]
+    plain = run()
+    counter = CountingMode()
+    with counter:
+        run()
+    with auditor.FormatAuditor(record_source=True, record_time=True) as fa:
+        recorded = run()
+    _same(plain, recorded)
+    a = fa.audit
+    assert a.events["op"].astype(str).tolist() == counter.ops
+    t = a.tensors
+    strideless = (t["ndim"] > 0) & (t["strides"].astype(str) == "()")
+    if name in STRIDELESS:
+        assert strideless.any()
+        assert set(t.loc[strideless, "format"].astype(str)) == {"-"}
+        assert (t.loc[strideless, "bytes"] == 0).all()
+        assert not t.loc[strideless, "shape"].astype(str).str.contains("j").any()  # no symbolic sizes
+    else:
+        assert not strideless.any()  # they have strides, and keep their labels
+        assert {"channels_last"} <= set(t["format"].astype(str))
+    if name == "jagged_nested":
+        assert "(2, -1, 3)" in set(t["shape"].astype(str))
+    if name in ("sparse_coo", "mkldnn"):  # 4-D, yet no format: torch's strides for them are not a layout
+        four_d = strideless & (t["ndim"] == 4)
+        assert four_d.any() and set(t.loc[four_d, "format"].astype(str)) == {"-"}
+    a.ops(), a.hotspots(), a.causes(), a.report(), a.summary(), a.coverage()
+    _assert_same(a, _read(a.to_csv()))
+    if name in STRIDELESS:  # strict mode judges them too (never a loss: they have no format)
+        with auditor.FormatAuditor(strict=True):
+            _same(plain, run())
+
+
+# -- activation checkpointing (item 4) -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("use_reentrant", [True, False], ids=["reentrant", "non-reentrant"])
+def test_checkpoint_recomputed_ops_belong_to_the_module_they_recompute(use_reentrant):
+    torch.manual_seed(0)
+    model = Checkpointed(use_reentrant).to(memory_format=torch.channels_last)
+    x = torch.randn(1, 3, 8, 8).to(memory_format=torch.channels_last)
+    a = auditor.audit(model, x, record_time=False, record_source=True)
+    ev = a.events
+    bw = ev[ev["phase"] == "backward"]
+    ops, modules = bw["op"].astype(str), bw["module"].astype(str)
+    recomputed = bw[ops.isin(["aten.convolution.default", "aten.relu.default"])]
+    expected = {"aten.convolution.default": "conv", "aten.relu.default": "act"}
+    assert sorted(recomputed["module"].astype(str)) == ["a.act", "a.conv", "b.act", "b.conv"]
+    for op, module in zip(recomputed["op"].astype(str), recomputed["module"].astype(str)):
+        assert module.endswith(expected[op]), (op, module)
+    # their lines are the blocks' own forward lines
+    block_line = f"{Block.forward.__code__.co_filename}:{Block.forward.__code__.co_firstlineno + 1}"
+    assert set(recomputed["source"].astype(str)) == {block_line}
+    # and the backward ops after the recomputation are their modules' too
+    grads = {"aten.convolution_backward.default": ["a.conv", "b.conv", "head", "stem"],
+             "aten.threshold_backward.default": ["a.act", "b.act"]}
+    for op, names in grads.items():
+        assert sorted(modules[ops.eq(op)]) == names
+    # nothing in the head and stem was recomputed
+    assert not recomputed["module"].astype(str).isin(["head", "stem"]).any()
+
+
+# -- deep models (item 5) ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("depth", [200, 1000])
+def test_deep_module_trees_are_named_without_recursion(untouched, depth):
+    """A module tree 1000 deep whose forward is a loop: naming it must not recurse."""
+    model, x = Chain(depth), torch.randn(3)
+    plain = model(x)
+    a = auditor.audit(model, x, record_time=False)
+    modules = set(a.events["module"].astype(str))
+    assert "first" + ".next" * (depth - 1) in modules and len(modules - {"<root>", "<global>"}) == depth
+    assert torch.equal(model(x), plain)
+
+
+def test_deep_nesting_that_runs_plainly_runs_under_the_audit(untouched):
+    """200 modules each calling the next: torch calls every module through one more frame
+    under any module hook, and the recorder makes room for them."""
+    model, x = wrapped(200), torch.randn(3)
+    model(x).sum().backward()  # runs plainly at the default limit
+    a = auditor.audit(model, x)
+    assert "inner" + ".inner" * 198 in set(a.events["module"].astype(str))  # the 200th module
+    assert len(a.events[(a.events["op"] == "aten.mul.Tensor") & (a.events["phase"] == "forward")]) == 200
+
+
+def test_deep_nesting_1000_runs_at_the_limit_the_plain_run_needs(untouched):
+    """1000 levels need a raised recursion limit plainly; the audit needs no more than that."""
+    model, x = wrapped(1000), torch.randn(3)
+    limit = sys.getrecursionlimit()
+    try:
+        low, high = 1000, 10000  # the least limit at which the plain step runs
+        while high - low > 50:
+            mid = (low + high) // 2
+            sys.setrecursionlimit(mid)
+            try:
+                model(x).sum().backward()
+                high = mid
+            except RecursionError:
+                low = mid
+        sys.setrecursionlimit(high + 50)
+        a = auditor.audit(model, x)
+        assert sys.getrecursionlimit() == high + 50  # given back
+    finally:
+        sys.setrecursionlimit(limit)
+    assert "inner" + ".inner" * 998 in set(a.events["module"].astype(str)) and a.complete
+
+
+# -- keyword arguments (item 8) ------------------------------------------------------------------
+
+
+def test_kwargs_reach_the_model_in_real_and_fake_audits():
+    torch.manual_seed(0)
+    model = Masked().to(memory_format=torch.channels_last)
+    x = torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last)
+    mask = torch.rand(1, 4, 1, 1)
+    kwargs = {"mask": mask, "scale": 3.0}
+    expected = model(x, **kwargs)
+    a = auditor.audit(model, x, kwargs=kwargs, record_time=False)
+    muls = a.events[(a.events["op"] == "aten.mul.Tensor") & (a.events["phase"] == "forward")]
+    assert len(muls) == 2  # the mask, then the scale
+    inputs = a.tensors[a.tensors["seq"].isin(muls["seq"]) & (a.tensors["role"] == "input")]
+    assert "(1, 4, 1, 1)" in set(inputs["shape"].astype(str))
+    assert torch.equal(model(x, **kwargs), expected)
+    # a read-only mapping is a mapping
+    from types import MappingProxyType
+
+    model.zero_grad(set_to_none=True)
+    b = auditor.audit(model, x, kwargs=MappingProxyType(kwargs), record_time=False)
+    assert b.events["op"].astype(str).tolist() == a.events["op"].astype(str).tolist()
+    # fake: the tensor in kwargs is made fake on the target like the inputs
+    f = auditor.audit(model, x, kwargs=kwargs, fake=True, device="cuda")
+    assert set(f.tensors["device"].astype(str)) == {"cuda:0"}
+    assert "(1, 4, 1, 1)" in set(f.tensors["shape"].astype(str))
+    with pytest.raises(TypeError, match="missing 1 required keyword-only argument: 'mask'"):
+        auditor.audit(model, x, record_time=False)
+
+
+@pytest.mark.parametrize("bad", [[("mask", 1)], "mask", 3, {1: 2}])
+def test_kwargs_must_be_a_mapping_of_names(bad):
+    with pytest.raises(TypeError, match=r"^kwargs (must be a mapping|keys must be argument names)"):
+        auditor.audit(Masked(), torch.randn(1, 3, 4, 4), kwargs=bad)
+
+
+# -- torch.compile (item 9) ----------------------------------------------------------------------
+#
+# Under a Python dispatch mode Dynamo compiles nothing and runs no compiled code: the frames run
+# eagerly, the recorder sees the eager ops, and the audit says so, once.
+
+
+def _compile_case(backend: str):
+    torch._dynamo.reset()
+    model, x = _small_conv_net()
+    compiled = torch.compile(model, backend=backend)
+    compiled(x)  # compiled before the block
+    return model, compiled, x
+
+
+@pytest.mark.parametrize("backend", ["eager", "inductor"])  # inductor: 9 s with a cold cache here
+def test_compile_runs_eagerly_is_marked_and_said_once(backend):
+    model, compiled, x = _compile_case(backend)
+    expected = model(x)
+    eager = auditor.audit(model, x, record_time=False)
+    model.zero_grad(set_to_none=True)
+    from torch._dynamo.utils import counters
+
+    frames = dict(counters["frames"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with auditor.FormatAuditor() as fa:
+            out = compiled(x)
+            out.sum().backward()
+    assert dict(counters["frames"]) == frames  # nothing was compiled inside
+    assert torch.equal(out, expected) and out.stride() == expected.stride()
+    ev = fa.audit.events
+    assert ev["op"].astype(str).tolist() == eager.events["op"].astype(str).tolist()  # the eager ops
+    assert ev["module"].astype(str).tolist() == eager.events["module"].astype(str).tolist()  # wrapper looked through
+    forward_ops = ev["phase"].eq("forward") & ~ev["op"].astype(str).isin(["aten.sum.default", "aten.ones_like.default"])
+    assert ev.loc[forward_ops, "compiled"].all() and not ev.loc[~forward_ops & (ev["phase"] == "forward"), "compiled"].any()
+    backward = ev[ev["phase"] == "backward"]
+    assert backward.loc[backward["forward_seq"].isin(ev.index[forward_ops]), "compiled"].all()
+    said = [str(w.message) for w in caught if str(w.message).startswith("auditor:")]
+    assert said == [f"auditor: {int(ev['compiled'].sum())} recorded ops ran inside torch.compile'd code (events with "
+                    "compiled=True, their backward included); under a Python dispatch mode Dynamo runs that code "
+                    "eagerly, so the audit shows the eager ops and their layouts, not the compiled graph's kernels"]
+    assert torch.equal(compiled(x), expected)  # and the compiled code still runs after
+
+
+def test_compile_no_warning_without_compiled_code():
+    model, x = _small_conv_net()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        a = auditor.audit(model, x, record_time=False)
+    assert not a.events["compiled"].any()
+
+
+# -- memory (item 10) ----------------------------------------------------------------------------
+
+
+def _buffers_of(mode) -> int:
+    return sum(len(b) for b in (mode.events, mode.tensors, mode.layouts, mode._node_nrs, mode._node_events,
+                                mode.compiled, mode.failed))
+
+
+def test_memory_the_recorder_is_gone_once_the_audit_is_built():
+    model, x = _small_conv_net()
+    fa = auditor.FormatAuditor(record_time=True)
+    with fa:
+        mode = weakref.ref(fa._mode)
+        model(x).sum().backward()
+    assert fa._mode is None and fa._tracker is None and fa._profile is None and not fa._hooks
+    gc.collect()
+    assert mode() is None
+    assert len(fa.audit.events) > 0
+
+
+def test_memory_a_traceback_that_holds_the_mode_holds_no_buffers():
+    """An op that raises inside the mode (here strict's error) leaves the mode's frame in the
+    traceback the user keeps: its buffers must be empty."""
+    model, x = _model_and_input()
+    with pytest.raises(auditor.FormatLossError) as info:
+        with auditor.FormatAuditor(strict=True):
+            model(x).sum().backward()
+    modes = [f.f_locals["self"] for f, _ in traceback.walk_tb(info.value.__traceback__)
+             if isinstance(f.f_locals.get("self"), RecorderMode)]
+    assert modes
+    assert all(_buffers_of(m) == 0 and m.facts is None for m in modes)
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _training_steps(n: int, keep: list | None) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1),
+                          nn.Softmax(dim=1), nn.Conv2d(16, 8, 3, padding=1)).to(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x = torch.randn(4, 3, 16, 16).to(memory_format=torch.channels_last)
+    for _ in range(n):
+        fa = auditor.FormatAuditor(record_time=True)
+        with fa:
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        if keep is not None:
+            keep.append(fa.audit)
+
+
+def _reachable(root) -> tuple[int, collections.Counter]:
+    """Bytes (``sys.getsizeof``) of everything reachable from ``root`` and the types found."""
+    seen, found, size, todo = set(), collections.Counter(), 0, [root]
+    while todo:
+        o = todo.pop()
+        if id(o) in seen or isinstance(o, (type, types.ModuleType)):
+            continue
+        seen.add(id(o))
+        if isinstance(o, weakref.ref) and isinstance(o(), torch.Tensor):
+            found["weak reference to a tensor"] += 1
+        found[type(o).__name__] += 1
+        size += sys.getsizeof(o)
+        todo.extend(gc.get_referents(o))
+    return size, found
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_memory_does_not_grow_over_50_recorded_steps():
+    """50 training steps, one FormatAuditor each: dropped audits leave nothing behind, and a
+    kept audit holds its DataFrames, not the recorder's buffers."""
+    _training_steps(10, None)  # caches, allocator pools, the profiler's first start
+    gc.collect()
+    rss = _rss_mib()
+    _training_steps(50, None)
+    gc.collect()
+    rss_dropped = _rss_mib() - rss
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        _training_steps(50, None)
+        gc.collect()
+        dropped = tracemalloc.get_traced_memory()[0] - base
+        kept: list = []
+        base = tracemalloc.get_traced_memory()[0]
+        _training_steps(50, kept)
+        gc.collect()
+        per_audit = (tracemalloc.get_traced_memory()[0] - base) / 50
+    finally:
+        tracemalloc.stop()
+    # a step's raw buffers (event tuples, weak references, layout keys) are about 40 kB: 50 of
+    # them left behind would be 2 MB
+    assert dropped < 512 * 1024, dropped
+    assert rss_dropped < 16, rss_dropped
+    audit_bytes, found = _reachable(kept[-1])
+    assert not {"weak reference to a tensor", "RecorderMode", "OpOverload", "ForwardModuleTracker", "RawLog"} & set(found)
+    assert per_audit < 1.25 * audit_bytes + 8 * 1024, (per_audit, audit_bytes)
+
+
+# -- the command line's faults (the CLI items) ---------------------------------------------------
+
+_FACTORIES = textwrap.dedent(
+    """
+    import torch.nn as nn
+
+    def small():
+        return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.Softmax(dim=1), nn.Conv2d(8, 8, 3, padding=1))
+
+    class LooksUpAKey(nn.Module):
+        def forward(self, x):
+            return {"y": x}["x"]
+
+    class Asserts(nn.Module):
+        def forward(self, x):
+            assert x.shape[1] == 4, "wants 4 channels"
+            return x
+
+    def key_error():
+        return LooksUpAKey()
+
+    def assertion():
+        return Asserts()
+    """
+)
+
+
+@pytest.fixture
+def factories(tmp_path):
+    path = tmp_path / "models.py"
+    path.write_text(_FACTORIES)
+    return path
+
+
+def _cli_error(capsys) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines[-1].startswith("format-audit: error: "), err
+    return lines[-1]
+
+
+@pytest.mark.parametrize("factory, error", [("key_error", "KeyError: 'x'"),
+                                            ("assertion", "AssertionError: wants 4 channels")])
+def test_cli_an_exception_in_the_users_forward_is_exit_2_in_one_line(factories, capsys, factory, error):
+    from auditor.cli import main
+
+    assert main([f"{factories}:{factory}", "--input", "1,3,8,8"]) == 2
+    assert _cli_error(capsys).endswith(f"{factory} failed on input 1,3,8,8 float32: {error}")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--input", "1,5,8,8"], "failed on input 1,5,8,8"),  # a shape the model cannot take
+    (["--input", "1,3,8"], "needs a 4-D --input"),
+    (["--input", ""], "--input must be comma-separated positive integers"),
+    (["--top", "-1"], "--top must be at least 1, got -1"),
+])
+def test_cli_impossible_flags_are_exit_2_in_one_line(factories, capsys, args, message):
+    from auditor.cli import main
+
+    assert main([f"{factories}:small", *args]) == 2
+    assert message in _cli_error(capsys)
+
+
+def test_cli_an_existing_out_is_refused_without_force(factories, tmp_path, capsys):
+    from auditor.cli import main
+
+    out = tmp_path / "out"
+    assert main([f"{factories}:small", "--input", "1,3,8,8", "--no-backward", "--out", str(out)]) == 0
+    written = (out / "report.txt").read_text()
+    capsys.readouterr()
+    assert main([f"{factories}:small", "--input", "1,3,8,8", "--out", str(out)]) == 2
+    assert "already holds an audit" in _cli_error(capsys) and (out / "report.txt").read_text() == written
+    assert main([f"{factories}:small", "--input", "1,3,8,8", "--out", str(out), "--force"]) == 0
+
+
+def test_cli_models_with_the_same_factory_name_get_distinct_folders(factories, tmp_path, capsys):
+    from auditor.cli import main
+
+    other = tmp_path / "elsewhere" / "models.py"
+    other.parent.mkdir()
+    other.write_text(_FACTORIES)
+    out = tmp_path / "out"
+    argv = [f"{factories}:small", f"{other}:small", "--input", "1,3,8,8", "--no-backward", "--out", str(out)]
+    assert main(argv) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["small", "small-2"]
+    assert all((out / name / "events.csv").exists() for name in ("small", "small-2"))

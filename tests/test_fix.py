@@ -493,6 +493,7 @@ def test_a_forced_mixed_plan_converts_at_region_borders(fast_measurements):
         p.with_formats(mid="contiguous")
 
 
+@pytest.mark.filterwarnings("ignore::auditor.plan.NoisyPlanWarning")  # a tiny model, timed for its plan only
 def test_plan_layout_and_apply_plan_reject_bad_input(fast_measurements):
     with pytest.raises(TypeError, match="nn.Module"):
         plan.plan_layout(lambda x: x, torch.randn(1, 3, 4, 4))

@@ -16,7 +16,8 @@ Labels (see ``../shared/design.md`` and the README):
 ``other``
     any other 4-D or 5-D layout.
 ``-``
-    a tensor of another rank.
+    a tensor of another rank, or one without strides (sparse, nested, mkldnn: the recorder
+    gives those no strides, ``()``).
 """
 
 from __future__ import annotations
@@ -85,12 +86,18 @@ def _order_consistent(shape, strides, order) -> bool:
     return True
 
 
+def has_strides(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """Whether a recorded layout has strides: a tensor without them (sparse, nested, mkldnn) is
+    recorded with none, ``()``, whatever its rank."""
+    return len(strides) == len(shape)
+
+
 @lru_cache(maxsize=65536)
 def format_label(shape: tuple[int, ...], strides: tuple[int, ...]) -> str:
     """The memory-format label of a tensor with this shape and these strides."""
     ndim = len(shape)
     orders = _ORDERS.get(ndim)
-    if orders is None:
+    if orders is None or len(strides) != ndim:
         return NOT_APPLICABLE
     cl_name = CHANNELS_LAST if ndim == 4 else CHANNELS_LAST_3D
     if 0 in shape:
@@ -158,6 +165,8 @@ def channel_label(shape: tuple[int, ...], strides: tuple[int, ...], cdim: int, r
     W) stack of them (as a view: the branches interleave), and a channels_last image whose H
     and W were swapped: what matters is whether the channels are innermost."""
     rank = rank or len(shape)
+    if len(strides) != len(shape):
+        return NOT_APPLICABLE
     if not 0 < cdim < len(shape) or len(shape) < rank:
         return OTHER
     spatial = [d for d in range(1, len(shape)) if d != cdim][-(rank - 2):]
@@ -191,8 +200,8 @@ def channel_dim(shape_in: tuple[int, ...], strides_in: tuple[int, ...], cdim: in
     (groups, channels) or merged back, as a channel shuffle does.
     """
     n_in, n_out = len(shape_in), len(shape_out)
-    if not 0 <= cdim < n_in:
-        return None
+    if not 0 <= cdim < n_in or len(strides_in) != n_in or len(strides_out) != n_out:
+        return None  # no channels to follow into or out of a tensor without strides
     if n_out == n_in:
         if not is_view or strides_out[cdim] == strides_in[cdim] or shape_in[cdim] == 1:
             return cdim

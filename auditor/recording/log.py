@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .formats import LABELS, format_label, nbytes
+from .formats import LABELS, format_label, has_strides, nbytes
 from .mode import BACKWARD, PHASES, ROLES, TENSOR_FIELDS, RawLog, op_info
 from .modules import module_names
 from .profile import HIDDEN_COLUMNS  # noqa: F401  (the schema of Audit.hidden, with the others)
@@ -197,7 +197,9 @@ class _Layouts:
         self.label = [format_label(sh, st) for sh, st in zip(shapes, strides)]
         self.shape = [str(sh) for sh in shapes]
         self.strides = [str(st) for st in strides]
-        self.bytes = np.array([nbytes(sh, k[3].itemsize) for sh, k in zip(shapes, keys)] + [0], dtype=np.int64)
+        # a tensor without strides (recorded with none) has no dense bytes to move: 0
+        self.bytes = np.array([nbytes(sh, k[3].itemsize) if has_strides(sh, st) else 0
+                               for sh, st, k in zip(shapes, strides, keys)] + [0], dtype=np.int64)
         self.ndim = np.array([len(sh) for sh in shapes] + [0], dtype=np.int8)
         self.offset = np.array([k[2] for k in keys] + [0], dtype=np.int64)
         dtypes, dtype_code = _factorize(k[3] for k in keys)

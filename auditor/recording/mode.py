@@ -5,7 +5,12 @@ event tuple per op and seven values per tensor (a weak reference as its identity
 layout number). Labels, bytes and DataFrames are built once, at the end, by :mod:`auditor.log`.
 Module attribution reads :class:`~auditor.recording.modules.ForwardModuleTracker` in forward;
 a backward op takes the module of the forward op that created its autograd node, found by the
-node's sequence number. The per-overload schema facts the hot path needs are cached here too.
+node's sequence number (or, while a module's forward runs again inside backward, as activation
+checkpointing does, that module). The per-overload schema facts the hot path needs are cached
+here too.
+
+A tensor without strides (sparse, nested, mkldnn) is recorded with its sizes as far as each is
+one number (-1 for a ragged one) and no strides, and the log marks its layout not applicable.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import rules
 from .facts import FactsReplay
-from .formats import format_label, nbytes
+from .formats import format_label, has_strides, nbytes
 from .modules import GLOBAL_LABEL, ForwardModuleTracker, module_names
 
 FORWARD, BACKWARD, OTHER = 0, 1, 2
@@ -37,6 +42,7 @@ _AUDITOR_DIR = os.path.dirname(os.path.dirname(__file__)) + os.sep  # the whole 
 
 _Tensor = torch.Tensor
 _Parameter = torch.nn.Parameter
+_STRIDED = torch.strided
 #: ``t.device`` makes a new object per call; a CPU tensor's layout key shares this one
 _CPU = torch.device("cpu")
 _graph_task_id = torch._C._current_graph_task_id
@@ -216,8 +222,15 @@ class RecorderMode(TorchDispatchMode):
         self._node_events: list[int] = []
         # a node may run several ops; no node (the engine summing gradients) is <global>
         self._last_node, self._last_node_label, self._last_node_event = None, GLOBAL_LABEL, -1
+        # Nodes that autograd engine threads made while running backward (checkpoint
+        # recomputation there, create_graph): thread -> [(its node counter after its previous
+        # op, after this op, this op's seq, the graph task it ran in)]; each thread counts on
+        # its own.
+        self._engine_nodes: dict[int, list[tuple[int, int, int, int]]] = {}
+        self._engine_last: dict[int, int] = {}  # thread -> its node counter after its last op
         self.failed: list[tuple[int, str]] = []  # (seq it would have had, op) of calls that raised
         self.compiled: list[int] = []  # seqs of ops run while a torch.compile'd function ran
+        tracker.mode = self  # how the tracker tells this recording's engine threads from others
 
     # -- hot path ---------------------------------------------------------------------------
     @classmethod
@@ -243,27 +256,34 @@ class RecorderMode(TorchDispatchMode):
             ext, layout, count = self._extend, self._layout, self._count
             nargs = len(args)
             # inputs are read before the call: in-place metadata ops (as_strided_, ...) change them
-            for i in info.tensor_args:
-                if i >= nargs:
-                    break
-                a = args[i]
-                if type(a) in (list, tuple):
-                    for j, x in enumerate(a):
-                        if isinstance(x, _Tensor):
-                            ext((seq, INPUT, i, j, _weakref(x),
-                                 layout((x.shape, x.stride(), x.storage_offset(), x.dtype, _CPU if x.is_cpu else x.device), count()),
-                                 False if type(x) is _Tensor else self._is_param(x)))
-                elif isinstance(a, _Tensor):
-                    ext((seq, INPUT, i, -1, _weakref(a),
-                         layout((a.shape, a.stride(), a.storage_offset(), a.dtype, _CPU if a.is_cpu else a.device), count()),
-                         False if type(a) is _Tensor else True if type(a) is _Parameter else self._is_param(a)))
-            if kwargs:
-                names = info.arg_names
-                for k, a in kwargs.items():
-                    if isinstance(a, _Tensor):
-                        ext((seq, INPUT, names.index(k) if k in names else -1, -1, _weakref(a),
-                             layout((a.shape, a.stride(), a.storage_offset(), a.dtype, _CPU if a.is_cpu else a.device), count()),
-                             False))
+            try:
+                for i in info.tensor_args:
+                    if i >= nargs:
+                        break
+                    a = args[i]
+                    if type(a) in (list, tuple):
+                        for j, x in enumerate(a):
+                            if isinstance(x, _Tensor):
+                                ext((seq, INPUT, i, j, _weakref(x),
+                                     layout((x.shape, x.stride(), x.storage_offset(), x.dtype, _CPU if x.is_cpu else x.device), count())
+                                     if x.layout is _STRIDED else self._unstrided(x),
+                                     False if type(x) is _Tensor else self._is_param(x)))
+                    elif isinstance(a, _Tensor):
+                        ext((seq, INPUT, i, -1, _weakref(a),
+                             layout((a.shape, a.stride(), a.storage_offset(), a.dtype, _CPU if a.is_cpu else a.device), count())
+                             if a.layout is _STRIDED else self._unstrided(a),
+                             False if type(a) is _Tensor else True if type(a) is _Parameter else self._is_param(a)))
+                if kwargs:
+                    names = info.arg_names
+                    for k, a in kwargs.items():
+                        if isinstance(a, _Tensor):
+                            ext((seq, INPUT, names.index(k) if k in names else -1, -1, _weakref(a),
+                                 layout((a.shape, a.stride(), a.storage_offset(), a.dtype, _CPU if a.is_cpu else a.device), count())
+                                 if a.layout is _STRIDED else self._unstrided(a),
+                                 False))
+            except Exception:  # a strided tensor whose sizes raise (a strided nested tensor)
+                del tensors[first:]
+                self._read_inputs(seq, info, args, kwargs)
             # OpOverload.__call__ calls its C++ op (``_op``) unless a Python dispatcher is set:
             # calling that op here saves a Python frame per op
             call = func._op if info.plain and func._pyobj_dispatcher is None else func
@@ -279,18 +299,24 @@ class RecorderMode(TorchDispatchMode):
                 del tensors[first:]  # the op never happened: no rows for it
                 self.failed.append((seq, func._schema.name))  # the profiler saw it: the join skips it
                 raise
-            if _graph_task_id() != -1:
+            if (task := _graph_task_id()) != -1:
                 phase = BACKWARD
                 node = _current_node()
                 if node is not self._last_node:
                     self._backward_label(node)
                 label, origin = self._last_node_label, self._last_node_event
-                if self._thread == _get_ident():  # backward that builds a graph (create_graph,
-                    nr = _sequence_nr()  # checkpoint recomputation): its nodes are this op's
+                if self.tracker.recomputing:  # a module's forward runs inside backward (checkpointing)
+                    label = self._recomputed_label(label)
+                nr = _sequence_nr()  # backward that builds a graph (create_graph, checkpoint
+                if (tid := _get_ident()) == self._thread:  # recomputation): its nodes are this op's
                     if nr != self._last_nr:
                         self._last_nr = nr
                         self._node_nrs.append(nr)
                         self._node_events.append(seq)
+                elif (last := self._engine_last.get(tid)) != nr:  # an engine thread counts on its own
+                    self._engine_last[tid] = nr
+                    if last is not None:
+                        self._engine_nodes.setdefault(tid, []).append((last, nr, seq, task))
             else:
                 phase = OTHER if self.optimizer_depth else FORWARD
                 label = self.tracker.label
@@ -314,25 +340,33 @@ class RecorderMode(TorchDispatchMode):
                 None if mf < 0 else (kwargs or {}).get("memory_format") if mf >= nargs else args[mf],
                 duration, origin, info.maybe_alias and _copied(args, out),
             ))
-            if isinstance(out, _Tensor):
-                ext((seq, OUTPUT, 0, -1, _weakref(out),
-                     tensors[first + _LAYOUT] if info.keeps_layout and len(tensors) > first else
-                     layout((out.shape, out.stride(), out.storage_offset(), out.dtype, _CPU if out.is_cpu else out.device), count()),
-                     False))
-            elif type(out) in (list, tuple):
-                list_return = info.list_return  # one Tensor[] result (split, unbind): item i of it
-                for i, o in enumerate(out):
-                    if isinstance(o, _Tensor):
-                        pos, item = (0, i) if list_return else (i, -1)
-                        ext((seq, OUTPUT, pos, item, _weakref(o),
-                             layout((o.shape, o.stride(), o.storage_offset(), o.dtype, _CPU if o.is_cpu else o.device), count()),
-                             False))
-                    elif type(o) in (list, tuple):
-                        for j, x in enumerate(o):
-                            if isinstance(x, _Tensor):
-                                ext((seq, OUTPUT, i, j, _weakref(x),
-                                     layout((x.shape, x.stride(), x.storage_offset(), x.dtype, _CPU if x.is_cpu else x.device), count()),
-                                     False))
+            outputs = len(tensors)
+            try:
+                if isinstance(out, _Tensor):
+                    ext((seq, OUTPUT, 0, -1, _weakref(out),
+                         tensors[first + _LAYOUT] if info.keeps_layout and outputs > first else
+                         layout((out.shape, out.stride(), out.storage_offset(), out.dtype, _CPU if out.is_cpu else out.device), count())
+                         if out.layout is _STRIDED else self._unstrided(out),
+                         False))
+                elif type(out) in (list, tuple):
+                    list_return = info.list_return  # one Tensor[] result (split, unbind): item i of it
+                    for i, o in enumerate(out):
+                        if isinstance(o, _Tensor):
+                            pos, item = (0, i) if list_return else (i, -1)
+                            ext((seq, OUTPUT, pos, item, _weakref(o),
+                                 layout((o.shape, o.stride(), o.storage_offset(), o.dtype, _CPU if o.is_cpu else o.device), count())
+                                 if o.layout is _STRIDED else self._unstrided(o),
+                                 False))
+                        elif type(o) in (list, tuple):
+                            for j, x in enumerate(o):
+                                if isinstance(x, _Tensor):
+                                    ext((seq, OUTPUT, i, j, _weakref(x),
+                                         layout((x.shape, x.stride(), x.storage_offset(), x.dtype, _CPU if x.is_cpu else x.device), count())
+                                         if x.layout is _STRIDED else self._unstrided(x),
+                                         False))
+            except Exception:  # a strided tensor whose sizes raise (a strided nested tensor)
+                del tensors[outputs:]
+                self._read_outputs(seq, info, out)
             if self.strict:
                 self._check_strict(seq, info, tensors[first:])
             return out
@@ -341,6 +375,62 @@ class RecorderMode(TorchDispatchMode):
                 _set_eval_frame(prior)
                 if len(self.events) > seq:  # and note that this op ran inside it
                     self.compiled.append(seq)
+
+    # -- tensors without strides ------------------------------------------------------------
+    def _unstrided(self, t) -> int:
+        """The layout number of a tensor without strides (sparse, jagged nested, mkldnn): its
+        sizes, -1 for one that is not a single number (a ragged dimension), and no strides."""
+        try:
+            ndim = t.dim()
+        except Exception:
+            ndim = 0
+        shape = []
+        for d in range(ndim):
+            try:
+                size = t.size(d)
+            except Exception:  # an irregular dimension of a strided nested tensor
+                size = -1
+            shape.append(size if type(size) is int else -1)  # a jagged one is a symbolic int
+        return self._layout((tuple(shape), (), 0, t.dtype, _CPU if t.is_cpu else t.device), self._count())
+
+    def _layout_of(self, t) -> int:
+        if t.layout is _STRIDED and not t.is_nested:
+            return self._layout((t.shape, t.stride(), t.storage_offset(), t.dtype, _CPU if t.is_cpu else t.device),
+                                self._count())
+        return self._unstrided(t)
+
+    def _read_inputs(self, seq: int, info: _OpInfo, args, kwargs) -> None:
+        """The input rows, read one tensor at a time (the hot path's rows, for calls where one
+        tensor raised there)."""
+        ext, layout_of = self._extend, self._layout_of
+        for i in info.tensor_args:
+            if i >= len(args):
+                break
+            a = args[i]
+            items = enumerate(a) if type(a) in (list, tuple) else [(-1, a)]
+            for j, x in items:
+                if isinstance(x, _Tensor):
+                    ext((seq, INPUT, i, j, _weakref(x), layout_of(x), self._is_param(x)))
+        for k, a in (kwargs or {}).items():
+            if isinstance(a, _Tensor):
+                names = info.arg_names
+                ext((seq, INPUT, names.index(k) if k in names else -1, -1, _weakref(a), layout_of(a), False))
+
+    def _read_outputs(self, seq: int, info: _OpInfo, out) -> None:
+        ext, layout_of = self._extend, self._layout_of
+        if isinstance(out, _Tensor):
+            ext((seq, OUTPUT, 0, -1, _weakref(out), layout_of(out), False))
+            return
+        if type(out) not in (list, tuple):
+            return
+        for i, o in enumerate(out):
+            if isinstance(o, _Tensor):
+                pos, item = (0, i) if info.list_return else (i, -1)
+                ext((seq, OUTPUT, pos, item, _weakref(o), layout_of(o), False))
+            elif type(o) in (list, tuple):
+                for j, x in enumerate(o):
+                    if isinstance(x, _Tensor):
+                        ext((seq, OUTPUT, i, j, _weakref(x), layout_of(x), False))
 
     def _is_param(self, t) -> bool:
         kind = self._param_types.get(type(t))
@@ -360,6 +450,8 @@ class RecorderMode(TorchDispatchMode):
         origin = -1
         if node is None:
             label = GLOBAL_LABEL
+        elif self._engine_nodes and (origin := self._engine_node_event(node._sequence_nr())) >= 0:
+            label = self.events[origin][2]
         elif self._first_nr <= (nr := node._sequence_nr()) < self._last_nr:
             origin = self._node_events[bisect_right(self._node_nrs, nr)]
             label = self.events[origin][2]
@@ -369,9 +461,34 @@ class RecorderMode(TorchDispatchMode):
         self._last_node, self._last_node_label, self._last_node_event = node, label, origin
         return label
 
-    def _user_line(self) -> str:
-        """The user's line: the first frame outside torch and auditor."""
-        frame = sys._getframe(2)
+    def _engine_node_event(self, nr: int) -> int:
+        """The op that made a node this engine thread created itself, or -1.
+
+        A node made inside backward runs in a later graph task (the reentrant backward of a
+        checkpoint, a double backward), never in the one that made it: that, and the thread's
+        own counter, tell it from a node of the recording thread with the same number.
+        """
+        made = self._engine_nodes.get(_get_ident())
+        if not made:
+            return -1
+        task = _graph_task_id()
+        for before, after, seq, made_in in reversed(made):
+            if before <= nr < after and made_in != task:
+                return seq
+        return -1
+
+    def _recomputed_label(self, label: tuple[str, str]) -> tuple[str, str]:
+        """A backward op inside a module's forward run again in backward (checkpointing): that
+        module, and with ``record_source`` the user's line; else the node's ``label``."""
+        running = self.tracker.backward_label()
+        if running is None:
+            return label
+        return (running[0], self._user_line(3)) if self.record_source else running
+
+    def _user_line(self, depth: int = 2) -> str:
+        """The user's line: the first frame outside torch and auditor (looked for from
+        ``depth`` frames up: the caller of ``__torch_dispatch__``)."""
+        frame = sys._getframe(depth)
         internal = self._internal_code
         while frame is not None:
             code = frame.f_code
@@ -410,12 +527,27 @@ class RecorderMode(TorchDispatchMode):
                 f"{verdict.from_format} -> {verdict.to_format}. Inputs: {inputs}"
             )
 
+    def compiled_events(self) -> list[int]:
+        """Seqs of the ops that ran inside a ``torch.compile``'d callable, and of the backward
+        ops of the autograd nodes those made (a compiled backward graph in a plain run)."""
+        if not self.compiled:
+            return []
+        inside = set(self.compiled)
+        inside.update(seq for seq, e in enumerate(self.events) if e[1] == BACKWARD and e[5] in inside)
+        return sorted(inside)
+
     def release(self) -> None:
-        """Drop every reference to user tensors and autograd nodes once recording is over."""
-        self.tensors = []
-        self._extend = self.tensors.extend
-        self._node_nrs = []
-        self._node_events = []
+        """Drop every reference to user tensors, autograd nodes and the raw log once the audit
+        is built. Lists are emptied in place: a traceback that holds a frame of the mode (an op
+        that raised, ``strict``'s error) holds them too."""
+        for buffer in (self.events, self.tensors, self._node_nrs, self._node_events, self.failed, self.compiled,
+                       self._layout_keys):
+            buffer.clear()
+        self.layouts.clear()
+        self._engine_nodes, self._engine_last = {}, {}
+        self._internal_code = {}
+        self._param_types = {}
+        self.facts = None
         self._last_node, self._last_node_label, self._last_node_event = None, GLOBAL_LABEL, -1
 
 
@@ -447,7 +579,7 @@ def tensor_sig(role: int, position: int, arg: str, is_view: bool, layout: tuple,
         format_label(shape, strides),
         is_param,
         is_view,
-        nbytes(shape, dtype.itemsize),
+        nbytes(shape, dtype.itemsize) if has_strides(shape, strides) else 0,
         dtype.is_floating_point or dtype.is_complex,
         shape,
         tuple(strides),

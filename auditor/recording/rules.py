@@ -200,8 +200,8 @@ def flow_facts(op: str, tensors: tuple[TensorSig, ...]) -> tuple[Facts, ...]:
 
 
 def _conv_result_facts(tensors, out: TensorSig) -> Facts:
-    if out.position != 0 or not out.floating or len(out.shape) not in (4, 5):  # weight gradients
-        return plain_facts(out)
+    if out.position != 0 or not out.floating or len(out.shape) not in (4, 5) or out.label == "-":
+        return plain_facts(out)  # weight gradients; a result without strides (mkldnn) holds no image we follow
     made = _definite(out.label)
     if made is None:  # an ambiguous result: the layout of what the convolution read
         ins = [t for t in tensors if t.role == "input" and t.arg not in WEIGHT_ARGS and t.floating]
