@@ -1,6 +1,6 @@
 """What recording costs: one resnet50 training step under each recorder, interleaved.
 
-    .venv/bin/python benchmarks/overhead.py [--runs 15] [--threads N] [--budget 150]
+    .venv/bin/python benchmarks/overhead.py [--runs 15] [--threads N] [--budget 150] [--against REV]
 
 The step is torchvision's resnet50 (random weights) on one 1x3x64x64 input, model and input in
 channels_last: forward, then ``out.sum().backward()``. Grads are set to None between runs,
@@ -14,7 +14,10 @@ outside the timed region. Variants:
 * ``+source+time``: and ``record_time=True``, kernel times from torch's profiler (what
   ``auditor.audit`` records by default);
 * ``profiler+shapes``: ``torch.profiler.profile(record_shapes=True)``, CPU activity;
-* ``DebugMode``: ``torch.utils._debug_mode.DebugMode()`` with its defaults.
+* ``DebugMode``: ``torch.utils._debug_mode.DebugMode()`` with its defaults;
+* ``FormatAuditor @REV`` (with ``--against REV``): the recorder as it was at a git revision of
+  this repository, extracted into a temporary package, to show side by side that a change did
+  not make the hot path slower.
 
 Every round runs every variant once, in an order rotated each round, so machine noise hits
 all variants alike; a variant's time is the median over the rounds, after warm-up rounds.
@@ -36,8 +39,12 @@ import argparse
 import contextlib
 import functools
 import gc
+import importlib
 import statistics
+import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 from pathlib import Path
 
@@ -57,7 +64,9 @@ MAX_RATIO_TO_BARE = 1.10
 MAX_SOURCE_COST = 1.15  # recording source lines, against recording without them
 MAX_BYTES_PER_EVENT = 200
 MAX_TIME_DISAGREEMENT = 0.20  # summed kernel times of the timed audit against the plain step
+MAX_SLOWDOWN_AGAINST_REVISION = 1.03  # FormatAuditor against itself at --against REV (paired step)
 WARMUP_ROUNDS = 2
+TIMED = "+source+time"  # the variant whose recorded kernel times are checked against plain steps
 MIN_RUNS = 7
 NOISY_IQR_PERCENT = 25
 
@@ -96,6 +105,27 @@ VARIANTS = {
     "profiler+shapes": profiler_with_shapes,
     "DebugMode": DebugMode,
 }
+
+
+def recorder_at(revision: str, into: Path):
+    """``FormatAuditor`` as package ``auditor`` was at a git ``revision``, importable beside today's.
+
+    ``git archive`` writes the old package under ``into``, renamed so both import at once; the
+    package uses relative imports only, so the rename is all it needs.
+    """
+    root = Path(__file__).resolve().parent.parent
+    archive = subprocess.run(
+        ["git", "-C", str(root), "archive", "--format=tar", revision, "auditor"],
+        check=True, capture_output=True,
+    ).stdout
+    tar_path = into / "auditor.tar"
+    tar_path.write_bytes(archive)
+    with tarfile.open(tar_path) as tar:
+        tar.extractall(into, filter="data")
+    name = "auditor_at_" + "".join(c if c.isalnum() else "_" for c in revision)
+    (into / "auditor").rename(into / name)
+    sys.path.insert(0, str(into))
+    return importlib.import_module(name).FormatAuditor
 
 
 def make_step():
@@ -152,25 +182,36 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--budget", type=float, default=150.0, help="seconds after which rounds stop (past 7)"
     )
+    parser.add_argument(
+        "--against", metavar="REV", action="append", default=[],
+        help="also time FormatAuditor as it was at this git revision, side by side (repeatable)",
+    )
     args = parser.parse_args(argv)
     if args.runs < MIN_RUNS:
         parser.error(f"--runs must be at least {MIN_RUNS}")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
 
+    variants = dict(VARIANTS)
+    for revision in args.against:
+        variants[f"FormatAuditor @{revision}"] = recorder_at(revision, Path(tempfile.mkdtemp(prefix="auditor_at_")))
+
     step, reset = make_step()
-    names = list(VARIANTS)
+    names = list(variants)
     times: dict[str, tuple[list[float], list[float], list[float]]] = {n: ([], [], []) for n in names}
     last: dict[str, object] = {}
+    kernel_sums: list[float] = []  # ms of kernel time the timed audit recorded, per round
     start = time.perf_counter()
     runs = 0
     for r in range(WARMUP_ROUNDS + args.runs):
         shift = r % len(names)
         for name in names[shift:] + names[:shift]:
-            measured, ctx = timed(step, reset, VARIANTS[name])
+            measured, ctx = timed(step, reset, variants[name])
             if r >= WARMUP_ROUNDS:
                 for series, value in zip(times[name], measured):
                     series.append(value)
+                if name == TIMED:
+                    kernel_sums.append(float(ctx.audit.events["time_us"].sum()) / 1e3)
             last[name] = ctx
         runs = max(0, r + 1 - WARMUP_ROUNDS)
         elapsed = time.perf_counter() - start
@@ -226,16 +267,16 @@ def main(argv=None) -> int:
         )
     print()
 
-    timed_audit = last["+source+time"].audit
-    kernels_ms = float(timed_audit.events["time_us"].sum()) / 1e3
+    timed_audit = last[TIMED].audit
+    kernels_ms = statistics.median(kernel_sums)
     outside_ms = float(timed_audit.events["gap_us"].sum()) / 1e3
-    agreement = kernels_ms / med["plain"][0]
-    timed_cost = paired(times["+source+time"][1], times["plain"][0])
-    print(f"Timed audit (+source+time): the step's ops took {kernels_ms:.1f} ms of kernel time by the profiler, "
-          f"{agreement:.3f}x the plain step ({med['plain'][0]:.1f} ms); time outside ops (Python between "
+    agreement = paired(kernel_sums, times["plain"][0])  # each round's kernel sum / its plain step
+    timed_cost = paired(times[TIMED][1], times["plain"][0])
+    print(f"Timed audit (+source+time): the step's ops took {kernels_ms:.1f} ms of kernel time by the profiler "
+          f"(median), {agreement:.3f}x the plain step ({med['plain'][0]:.1f} ms; paired); time outside ops (Python between "
           f"them, the recorder's own work) {outside_ms:.1f} ms. The timed audit costs {timed_cost:.2f}x a plain "
           f"step (paired, total incl. the profiler's parsing and DataFrames; "
-          f"{paired(times['+source+time'][0], times['plain'][0]):.2f}x inside the block).")
+          f"{paired(times[TIMED][0], times['plain'][0]):.2f}x inside the block).")
     print()
 
     fa_steps, fa_totals, _ = times["FormatAuditor"]
@@ -263,7 +304,7 @@ def main(argv=None) -> int:
         (
             f"summed kernel times within {MAX_TIME_DISAGREEMENT:.0%} of the plain step",
             abs(agreement - 1) <= MAX_TIME_DISAGREEMENT,
-            f"{agreement:.3f}x ({kernels_ms:.1f} ms vs {med['plain'][0]:.1f} ms)",
+            f"{agreement:.3f}x paired ({kernels_ms:.1f} ms vs {med['plain'][0]:.1f} ms medians)",
         ),
         (
             f"DataFrame memory <= {MAX_BYTES_PER_EVENT} bytes/event",
@@ -271,6 +312,14 @@ def main(argv=None) -> int:
             f"{bpe:.0f} bytes/event",
         ),
     ]
+    for revision in args.against:
+        old_name = f"FormatAuditor @{revision}"
+        against = paired(fa_steps, times[old_name][0])
+        checks.append((
+            f"FormatAuditor step <= {MAX_SLOWDOWN_AGAINST_REVISION:.2f}x itself at {revision} (paired)",
+            against <= MAX_SLOWDOWN_AGAINST_REVISION,
+            f"{against:.3f}x (ratio of medians {med['FormatAuditor'][0] / med[old_name][0]:.3f}x)",
+        ))
     print("Targets:")
     for label, ok, detail in checks:
         print(f"  {'PASS' if ok else 'FAIL'}  {label}: {detail}")
