@@ -270,10 +270,10 @@ class StandardizedConv(nn.Conv2d):
 
     def forward(self, x):
         w = self.weight
-        if self.fixed:  # elementwise on the parameter: keeps its layout, and sums keep backward a view
-            n = w[0].numel()
-            d = w - w.sum((1, 2, 3), keepdim=True) / n
-            w = d * torch.rsqrt((d * d).sum((1, 2, 3), keepdim=True) / n + 1e-5)
+        if self.fixed:  # flattened in the channels_last parameter's memory order: the reshape is a view
+            m = w.permute(0, 2, 3, 1)
+            flat = m.reshape(1, self.out_channels, -1)
+            w = F.batch_norm(flat, None, None, training=True, momentum=0.0, eps=1e-5).reshape(m.shape).permute(0, 3, 1, 2)
         else:
             flat = w.reshape(1, self.out_channels, -1)  # planted: copies the channels_last weight contiguous
             w = F.batch_norm(flat, None, None, training=True, momentum=0.0, eps=1e-5).reshape_as(w)

@@ -204,8 +204,8 @@ FIXES = {
                          ".mean((2, 3), keepdim=True)", f"; x = {AVG_POOL}"),
     "csp_contiguous": Edit("timm.models.cspnet:CrossStage", "forward",
                            "xb = self.conv_transition_b(xb).contiguous()", "xb = self.conv_transition_b(xb)"),
-    # weight standardisation with elementwise ops on the channels_last parameter, not a reshape
-    # (which copies it into contiguous order); sums, so that the backward is a view too
+    # weight standardisation on the channels_last parameter flattened in its memory order (a view,
+    # where reshaping it in logical order copies it contiguous), permuted back: the same batch_norm
     "scaled_std_conv": Edit(
         "timm.layers.std_conv:ScaledStdConv2d", "forward",
         """weight = F.batch_norm(
@@ -217,10 +217,10 @@ FIXES = {
             momentum=0.,
             eps=self.eps,
         ).reshape_as(self.weight)""",
-        "n = self.weight[0].numel()\n"
-        "        weight = self.weight - self.weight.sum((1, 2, 3), keepdim=True) / n\n"
-        "        weight = weight * torch.rsqrt((weight * weight).sum((1, 2, 3), keepdim=True) / n + self.eps)\n"
-        "        weight = weight * (self.gain * self.scale)"),
+        "w = self.weight.permute(0, 2, 3, 1)\n"
+        "        weight = F.batch_norm(w.reshape(1, self.out_channels, -1), None, None, "
+        "weight=(self.gain * self.scale).view(-1), training=True, momentum=0., eps=self.eps)"
+        ".reshape(w.shape).permute(0, 3, 1, 2)"),
     "aspp_pool": Edit("segmentation_models_pytorch.decoders.deeplabv3.decoder:ASPPPooling", "forward",
                       "x = mod(x)", f"x = {AVG_POOL} if isinstance(mod, nn.AdaptiveAvgPool2d) else mod(x)"),
     # upsampling an N x C x 1 x 1 map writes contiguous; its expansion written once keeps the format

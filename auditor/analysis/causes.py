@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from ..recording import rules
-from ..recording.formats import base_format
+from ..recording.formats import base_format, channels_last_order, logical_order
 from .flow import FlowView
 from .timing import REPLACEMENTS, copy_cost, own_saving_us, saving_us, timed
 
@@ -40,8 +40,10 @@ PATTERNS: dict[str, str] = {
                       "instead: this op writes it full size in contiguous order",
     "mean_backward": "PyTorch's backward of a mean over H and W writes contiguous: pool with "
                      "F.avg_pool2d(x, x.shape[-2:]) (or x.sum((2, 3), keepdim=True) / (H * W)) instead",
-    "weight_rebuilt": "the weight is rebuilt in {fmt} order every step and the convolution permutes it: compute "
-                      "it with elementwise ops on the {cl} parameter (sums, not a reshape)",
+    "weight_rebuilt": "the weight is rebuilt in {fmt} order every step and the convolution permutes it: flatten "
+                      "the {cl} parameter in its memory order (w.permute{to_memory_order}, which the reshape "
+                      "then views) and permute the result back (.permute{from_memory_order}); statistics over "
+                      "the flattened dims do not depend on their order",
     "weight_format": "store this convolution's weight in {cl} "
                      "(auditor.convert_conv{dims}d_weight_memory_format)",
     "conv_no_kernel": "this convolution has no {cl} kernel for this shape on this device (coverage: {support}): "
@@ -477,4 +479,5 @@ def _fix_text(view: FlowView, tracer: CauseTracer, c: int, pattern: str) -> str:
         fmt = "another"
     cl = "channels_last_3d" if rank == 5 else "channels_last"
     return PATTERNS[pattern].format(cl=cl, fmt=fmt, op=rules.op_packet(view.op[c]).removeprefix("aten."),
-                                    dims=rank - 2, support=tracer.support(c))
+                                    dims=rank - 2, support=tracer.support(c),
+                                    to_memory_order=channels_last_order(rank), from_memory_order=logical_order(rank))

@@ -22,6 +22,7 @@ from .. import analysis
 from ..display.html import header_html, table_html
 from ..display.units import format_bytes
 from ..recording import rules
+from ..recording.formats import channels_last_order, logical_order
 from ..result import Audit
 from .convert import CHANNELS_LAST_OF_RANK, FORMAT_NAMES
 from .hooks import conv_module, keep_contiguous, set_conv_format
@@ -309,7 +310,8 @@ _REWRITES = {
     "nc11_broadcast": "y = p.expand(-1, -1, h, w).contiguous(memory_format=torch.{cl})  # instead of interpolating p",
     "mean_backward": "s = F.avg_pool2d(x, x.shape[-2:])  # instead of x.mean((2, 3), keepdim=True)",
     "inplace_view": "y = y + z  # instead of y += z on a view",
-    "weight_rebuilt": "w = (w - w.sum(dims, keepdim=True) / n) ...  # elementwise on the {cl} parameter, no reshape",
+    "weight_rebuilt": "m = w.permute{to}; f(m.reshape(1, out_channels, -1)).reshape(m.shape).permute{back}"
+                      "  # flattened in the {cl} parameter's memory order: a view, the same ops",
     "joins": "y = f(x4d)  # compute on the {cl} image or a 4-D view of it, not on a reshaped or 3-D copy",
 }
 
@@ -318,7 +320,8 @@ def _rewrite_fix(c: _Cause):
     template = _REWRITES.get(c.pattern)
     if template is None:
         return None
-    return {**c.base, "action": EDIT, "suggestion": template.format(cl=c.cl_name), "detail": c.row.fix}
+    suggestion = template.format(cl=c.cl_name, to=channels_last_order(c.rank), back=logical_order(c.rank))
+    return {**c.base, "action": EDIT, "suggestion": suggestion, "detail": c.row.fix}
 
 
 def _module_swap_fix(c: _Cause):

@@ -144,6 +144,17 @@ def base_format(label: str) -> str:
     return label[: -len(VIEW_SUFFIX)] if label.endswith(VIEW_SUFFIX) else label
 
 
+def channels_last_order(rank: int) -> tuple[int, ...]:
+    """The dims of a 4-D or 5-D tensor in channels_last(_3d) memory order, outermost first:
+    ``x.permute(*channels_last_order(x.dim()))`` of a channels_last tensor is contiguous."""
+    return (0, *range(2, rank), 1)
+
+
+def logical_order(rank: int) -> tuple[int, ...]:
+    """The permutation that undoes :func:`channels_last_order`."""
+    return (0, rank - 1, *range(1, rank - 1))
+
+
 def physical_order(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, ...]:
     """Dimensions from outermost to innermost in memory: largest stride first, ties by index."""
     return tuple(sorted(range(len(shape)), key=lambda d: (-strides[d], d)))
