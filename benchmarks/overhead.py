@@ -36,10 +36,12 @@ paired ratio cancels the slow drifts of a shared machine; the targets are judged
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import functools
 import gc
 import importlib
+import shutil
 import statistics
 import subprocess
 import sys
@@ -194,7 +196,9 @@ def main(argv=None) -> int:
 
     variants = dict(VARIANTS)
     for revision in args.against:
-        variants[f"FormatAuditor @{revision}"] = recorder_at(revision, Path(tempfile.mkdtemp(prefix="auditor_at_")))
+        into = Path(tempfile.mkdtemp(prefix="auditor_at_"))
+        atexit.register(shutil.rmtree, into, ignore_errors=True)
+        variants[f"FormatAuditor @{revision}"] = recorder_at(revision, into)
 
     step, reset = make_step()
     names = list(variants)
