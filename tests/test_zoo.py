@@ -165,3 +165,32 @@ def test_the_zoo_covers_every_pattern_it_was_built_for():
             "weight_rebuilt", "nc11_broadcast", "channel_shuffle", "conv_no_kernel"} <= patterns
     assert sum(not z.causes for z in ZOO) >= 2  # negative controls
     assert len({z.name for z in ZOO}) == len(ZOO)
+
+
+#: Forward-only execution modes, against the forward causes of the training step.
+MODES = {
+    "no_grad": torch.no_grad,
+    "inference_mode": torch.inference_mode,
+    "autocast_bf16": lambda: torch.autocast("cpu", dtype=torch.bfloat16),
+}
+#: (model, mode) whose code really runs differently in that mode, and why.
+MODE_DIFFERS: dict[tuple[str, str], str] = {
+    ("r2plus1d_18", "autocast_bf16"): "a bfloat16 (k, 1, 1) Conv3d runs oneDNN's channels_last_3d kernel on this CPU "
+                                      "where float32 runs slow_conv3d, which writes contiguous: nothing is lost",
+}
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_the_same_forward_causes_in_every_execution_mode(zoo, mode):
+    """The forward causes of the training step are those of a forward pass under no_grad,
+    inference_mode (composite ops reach the recorder undecomposed) and bf16 autocast."""
+    forward = zoo.audit.causes()
+    step = cause_keys(forward[forward["phase"] == "forward"])
+    zoo.model.zero_grad(set_to_none=True)
+    torch.manual_seed(0)
+    with zoo.z.threads_set(), MODES[mode]():
+        seen = cause_keys(auditor.audit(zoo.model, *zoo.inputs, backward=False, record_source=True).causes())
+    if (zoo.z.name, mode) in MODE_DIFFERS:
+        assert seen != step, MODE_DIFFERS[zoo.z.name, mode]
+        return
+    assert seen == step
