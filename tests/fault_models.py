@@ -5,6 +5,7 @@ state it must leave as it found it."""
 from __future__ import annotations
 
 import sys
+import textwrap
 import threading
 
 import torch
@@ -221,3 +222,38 @@ class Masked(nn.Module):
 
     def forward(self, x, *, mask, scale=1.0):
         return self.conv(x) * mask * scale
+
+
+#: A models file for the command line's tests: factories that build, fail to build, and whose
+#: models fail in forward.
+CLI_FACTORIES = textwrap.dedent(
+    """
+    import torch.nn as nn
+
+    def small():
+        return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.Softmax(dim=1), nn.Conv2d(8, 8, 3, padding=1))
+
+    def clean():
+        return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1))
+
+    def broken():
+        raise RuntimeError("no weights here")
+
+    class LooksUpAKey(nn.Module):
+        def forward(self, x):
+            return {"y": x}["x"]
+
+    class Asserts(nn.Module):
+        def forward(self, x):
+            assert x.shape[1] == 4, "wants 4 channels"
+            return x
+
+    def key_error():
+        return LooksUpAKey()
+
+    def assertion():
+        return Asserts()
+
+    NOT_A_FACTORY = 3
+    """
+)

@@ -4,49 +4,17 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 import torch
+from fault_models import CLI_FACTORIES as FACTORY
 from matplotlib.image import imread
 
 import auditor
 import auditor.plot
 from auditor import cli
 from auditor.cli import build_parser, main
-
-FACTORY = textwrap.dedent(
-    """
-    import torch.nn as nn
-
-    def small():
-        return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.Softmax(dim=1), nn.Conv2d(8, 8, 3, padding=1))
-
-    def clean():
-        return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1))
-
-    def broken():
-        raise RuntimeError("no weights here")
-
-    class LooksUpAKey(nn.Module):
-        def forward(self, x):
-            return {"y": x}["x"]
-
-    class Asserts(nn.Module):
-        def forward(self, x):
-            assert x.shape[1] == 4, "wants 4 channels"
-            return x
-
-    def key_error():
-        return LooksUpAKey()
-
-    def assertion():
-        return Asserts()
-
-    NOT_A_FACTORY = 3
-    """
-)
 
 
 @pytest.fixture

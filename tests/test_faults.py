@@ -17,7 +17,6 @@ import io
 import os
 import re
 import sys
-import textwrap
 import time
 import traceback
 import tracemalloc
@@ -31,6 +30,7 @@ import pandas as pd
 import pytest
 import torch
 from fault_models import (
+    CLI_FACTORIES,
     Block,
     Chain,
     Checkpointed,
@@ -1147,35 +1147,12 @@ def test_memory_does_not_grow_over_50_recorded_steps():
 
 # -- the command line's faults (the CLI items) ---------------------------------------------------
 
-_FACTORIES = textwrap.dedent(
-    """
-    import torch.nn as nn
-
-    def small():
-        return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.Softmax(dim=1), nn.Conv2d(8, 8, 3, padding=1))
-
-    class LooksUpAKey(nn.Module):
-        def forward(self, x):
-            return {"y": x}["x"]
-
-    class Asserts(nn.Module):
-        def forward(self, x):
-            assert x.shape[1] == 4, "wants 4 channels"
-            return x
-
-    def key_error():
-        return LooksUpAKey()
-
-    def assertion():
-        return Asserts()
-    """
-)
 
 
 @pytest.fixture
 def factories(tmp_path):
     path = tmp_path / "models.py"
-    path.write_text(_FACTORIES)
+    path.write_text(CLI_FACTORIES)
     return path
 
 
@@ -1226,7 +1203,7 @@ def test_cli_models_with_the_same_factory_name_get_distinct_folders(factories, t
 
     other = tmp_path / "elsewhere" / "models.py"
     other.parent.mkdir()
-    other.write_text(_FACTORIES)
+    other.write_text(CLI_FACTORIES)
     out = tmp_path / "out"
     argv = [f"{factories}:small", f"{other}:small", "--input", "1,3,8,8", "--no-backward", "--out", str(out)]
     assert main(argv) == 0

@@ -13,25 +13,16 @@ import torch
 import torch.nn as nn
 import torchvision
 from auditor.log import EVENT_COLUMNS, TENSOR_COLUMNS
+from fault_models import CountingMode
 from pandas.testing import assert_frame_equal
 from planted import make
-from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 import auditor
 
 CL = torch.channels_last
 
 
-class CountingMode(TorchDispatchMode):
-    """The bare mode the issue names: it only counts and calls ``func``."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(str(func))
-        return func(*args, **(kwargs or {}))
 
 
 def tv(name: str, size: int = 32, **kw):
