@@ -389,6 +389,9 @@ ZOO = [
               Cause("mean_backward", "backward", *TIMM_SE, "timm_se"))),
     ZooModel("edgenext_xx_small", "timm", _timm("edgenext_xx_small"), (2, 3, 64, 64),
              (Cause("mean_backward", "backward", *HEAD_POOL, "timm_head_pool"),)),
+    # its MLP runs on an NHWC permute of the image and permutes back: channels followed through both
+    ZooModel("convnext_atto", "timm", _timm("convnext_atto"), (2, 3, 64, 64),
+             (Cause("mean_backward", "backward", *HEAD_POOL, "timm_head_pool"),)),
     ZooModel("res2net50_26w_4s", "timm", _timm("res2net50_26w_4s"), (2, 3, 64, 64)),
     ZooModel("smp_deeplabv3_resnet18", "segmentation_models_pytorch", _smp("DeepLabV3"), (2, 3, 64, 64),
              (Cause("nc11_broadcast", "forward", "segmentation_models_pytorch/decoders/deeplabv3/decoder.py",
