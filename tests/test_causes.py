@@ -298,3 +298,29 @@ def test_inference_mode_still_sees_convolutions_and_copies():
     assert _forward_causes(undecomposed) == _forward_causes(plain)
     with contextlib.suppress(auditor.FormatLossError), torch.inference_mode():
         auditor.audit(model, x, backward=False, strict=True)
+
+
+class PooledMapPaddedInNHWC(nn.Module):
+    """Window attention's padding, as efficientvit writes it, on a map pooled to 1 x 1: the
+    NHWC view of an N x C x 1 x 1 image is padded and permuted back into channels_last."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 8, 3, padding=1)
+        self.b = nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        p = self.a(x).mean((2, 3), keepdim=True).permute(0, 2, 3, 1)  # strides (C, 1, 1, 1): all 1 but N
+        p = nn.functional.pad(p, (0, 0, 0, 3, 0, 3))  # (N, 4, 4, C), channels innermost
+        return self.b(p.permute(0, 3, 1, 2))
+
+
+def test_an_nhwc_view_of_a_pooled_map_keeps_its_channels():
+    torch.manual_seed(0)
+    model = PooledMapPaddedInNHWC().to(memory_format=CL)
+    a = auditor.audit(model, torch.randn(2, 3, 8, 8).to(memory_format=CL), record_time=False)
+    causes = a.causes()
+    assert list(causes["pattern"]) == ["mean_backward"]  # the mean's own backward, not the padding
+    pad = a.ops()[a.ops()["op"] == "aten.constant_pad_nd.default"]
+    assert len(pad) == 2
+    assert (pad["kind"] == "preserves").all()

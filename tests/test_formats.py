@@ -6,6 +6,8 @@ from auditor.formats import format_label, is_dense, nbytes, physical_order
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from auditor.recording import formats
+
 CL, CL3 = torch.channels_last, torch.channels_last_3d
 
 
@@ -103,3 +105,20 @@ def test_labels_agree_with_torch(shape, perm, slice_c):
             assert got == "other"
         else:
             assert got.endswith("_view") or got == "other"
+
+
+def _follow(x: torch.Tensor, y: torch.Tensor, cdim: int = 1) -> int | None:
+    return formats.channel_dim(tuple(x.shape), x.stride(), cdim, tuple(y.shape), y.stride(), True)
+
+
+@pytest.mark.parametrize("hw", [(1, 1), (4, 4), (1, 4)])
+def test_channels_are_followed_through_views(hw):
+    """A view keeps the channels where their stride and size went, including an N x C x 1 x 1
+    image, whose size-1 dimensions share the channels' stride."""
+    x = torch.randn(2, 8, *hw).contiguous(memory_format=torch.channels_last)
+    assert _follow(x, x.permute(0, 2, 3, 1)) == 3
+    assert _follow(x.permute(0, 2, 3, 1), x.permute(0, 2, 3, 1).permute(0, 3, 1, 2), cdim=3) == 1
+    assert _follow(x, x.transpose(2, 3)) == 1
+    assert _follow(x, x[:, 2:5]) == 1  # sliced along the channels
+    assert _follow(x, x[:, :1]) == 1  # down to one channel
+    assert _follow(x, x.expand(2, 8, *hw)) == 1

@@ -214,10 +214,17 @@ def channel_dim(shape_in: tuple[int, ...], strides_in: tuple[int, ...], cdim: in
     if not 0 <= cdim < n_in or len(strides_in) != n_in or len(strides_out) != n_out:
         return None  # no channels to follow into or out of a tensor without strides
     if n_out == n_in:
-        if not is_view or strides_out[cdim] == strides_in[cdim] or shape_in[cdim] == 1:
+        if not is_view or shape_in[cdim] == 1:
             return cdim
+        kept = strides_out[cdim] == strides_in[cdim]
+        if kept and (shape_out[cdim] == shape_in[cdim] or shape_out[cdim] > 1):
+            return cdim  # in place, or sliced along the channels
+        # the channels' stride and size elsewhere: moved by a permutation, even where a size-1
+        # dimension that took their place has their stride too (an N x C x 1 x 1 image's NHWC view)
         moved = [d for d in range(n_out) if strides_out[d] == strides_in[cdim] and shape_out[d] == shape_in[cdim]]
-        return moved[0] if moved else None
+        if moved:
+            return moved[0]
+        return cdim if kept else None  # sliced down to one channel
     if n_out == n_in + 1:
         for p in [p for p in range(n_out) if p != cdim] + [cdim]:  # prefer a dimension beside C
             if shape_out[:p] + shape_out[p + 1:] == shape_in:
