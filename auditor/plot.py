@@ -27,8 +27,9 @@ from matplotlib.font_manager import FontProperties
 
 from . import analysis
 from .display.tables import shorten
-from .display.units import QUANTITIES, Quantity
+from .display.units import QUANTITIES
 from .recording import rules
+from .recording.formats import base_format
 from .result import Audit
 
 
@@ -50,15 +51,11 @@ _MAX_LABEL = 28  # module names, shortened from the left past this
 _MAX_OP = 34  # op names in labels, likewise; the phase before them is never shortened
 _MAX_BAR_MODULE = 40  # module names on top_hotspots' bars, which have room for more
 _TICK_ROTATION = 40  # degrees, for the heatmap's column labels
-#: Heatmap values: the name users pass -> the Quantity (``display.units``) that formats it. A
-#: new value is one entry here, one column in the heatmap's cell frame.
-_HEATMAP_VALUES = {"time_us": "time_us", "bytes": "bytes", "count": "count"}
+#: Heatmap values: the names users pass, each a Quantity of ``display.units`` (which formats
+#: it) and a column of the heatmap's cell frame.
+_HEATMAP_VALUES = ("time_us", "bytes", "count")
 #: Bar lengths of ``top_hotspots``: time when the audit has it, else bytes.
 _BAR_VALUES = ("time_us", "bytes")
-
-
-def _quantity(value: str) -> Quantity:
-    return QUANTITIES[_HEATMAP_VALUES[value]]
 
 
 def _timed(audit: Audit) -> bool:
@@ -185,7 +182,7 @@ def heatmap(audit: Audit, depth: int = 1, value: str | None = None, columns: str
     """
     value = _value(audit, value, _HEATMAP_VALUES)
     data, labels = _heatmap_table(audit, depth, value, columns)
-    quantity = _quantity(value)
+    quantity = QUANTITIES[value]
     if not data.to_numpy().any():
         return _no_hotspots_figure(
             f"Format-loss heatmap (depth {depth})",
@@ -251,7 +248,7 @@ def timeline_data(audit: Audit) -> pd.DataFrame:
     its execution position, phase, the format it wrote, and whether it is a convolution or a
     hotspot."""
     ops = audit.ops()
-    lane = ops["out_format"].astype(str).str.replace("_view", "", regex=False)
+    lane = ops["out_format"].astype(str).map(base_format)
     keep = lane.isin(_LANES) & (ops["kind"].astype(str) != rules.VIEW)
     return pd.DataFrame(
         {

@@ -6,7 +6,13 @@ the one data-flow graph (``flow``), the ops table and its hotspots on conv -> co
 returns DataFrames or plain arrays, and display is someone else's job.
 """
 
-from .activations import activation_inputs, floating_rows, image_facts, is_floating_dtype
+from .activations import (
+    activation_inputs,
+    floating_rows,
+    image_facts,
+    is_floating_dtype,
+    parse_tuple,
+)
 from .causes import CAUSE_COLUMNS, CauseTracer, cause_table
 from .classification import classify
 from .flow import FlowGraph, FlowView, flow_links, reachable, view_roots
@@ -34,6 +40,7 @@ __all__ = [
     "module_at_depth",
     "naive_losses",
     "ops_table",
+    "parse_tuple",
     "reachable",
     "summary",
     "view_roots",

@@ -41,8 +41,6 @@ def activation_inputs(tensors: pd.DataFrame, floating: np.ndarray | None = None)
     )
 
 
-#: Columns of :func:`image_facts`.
-FACT_COLUMNS = ["image", "cdim", "rank", "label", "effective"]
 
 
 def parse_tuple(text: str) -> tuple[int, ...]:

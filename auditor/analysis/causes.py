@@ -15,6 +15,7 @@ import pandas as pd
 
 from ..recording import rules
 from ..recording.formats import base_format, channels_last_order, logical_order
+from .activations import parse_tuple
 from .flow import FlowView
 from .timing import REPLACEMENTS, copy_cost, own_saving_us, saving_us, timed
 
@@ -22,7 +23,6 @@ from .timing import REPLACEMENTS, copy_cost, own_saving_us, saving_us, timed
 #: stored or rebuilt in another format than its convolution computes in, or data joined the
 #: path in another format.
 LOSES, CONVERTS, WEIGHT, JOINS = "loses", "converts", "weight", "joins"
-CAUSE_KINDS = (LOSES, CONVERTS, WEIGHT, JOINS)
 
 #: Patterns a cause can follow, with the one-line fix each suggests (``{...}`` filled in).
 PATTERNS: dict[str, str] = {
@@ -299,7 +299,7 @@ class CauseTracer:
         out = self._output(e)
         if not ins or out < 0:
             return False
-        a, b = _shape(self.shape[ins[0]]), _shape(self.shape[out])
+        a, b = parse_tuple(self.shape[ins[0]]), parse_tuple(self.shape[out])
         c = int(self.cdim[ins[0]])
         return len(a) == len(b) and a[c] != b[c] and a[:c] + a[c + 1:] == b[:c] + b[c + 1:]
 
@@ -309,7 +309,7 @@ class CauseTracer:
         out = self._output(e)
         if not ins or out < 0:
             return False
-        a, b = _shape(self.shape[ins[0]]), _shape(self.shape[out])
+        a, b = parse_tuple(self.shape[ins[0]]), parse_tuple(self.shape[out])
         spatial = int(np.prod(a[2:])) if len(a) > 2 else 1
         return spatial > 1 and len(a) >= 4 and int(np.prod(b)) * spatial == int(np.prod(a))
 
@@ -376,8 +376,6 @@ class CauseTracer:
         return ", ".join(sorted(set(row["support"]))) if len(row) else "unknown"
 
 
-def _shape(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in text.strip("()").split(",") if x.strip())
 
 
 def cause_table(view: FlowView, facts: pd.DataFrame, coverage: pd.DataFrame | None = None,

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from ..recording import rules
-from ..recording.formats import base_format
+from ..recording.formats import VIEW_SUFFIX, base_format
 from .activations import floating_rows, image_facts
 from .classification import classify
 from .flow import FlowGraph
@@ -124,7 +124,7 @@ def _layout_independent_copies(events, tensors, facts, kind) -> tuple[np.ndarray
         e = int(seq[r])
         if kind[e] == rules.VIEW:
             continue
-        odd = str(label[r]).endswith("_view") or base_format(str(label[r])) == "other"
+        odd = str(label[r]).endswith(VIEW_SUFFIX) or base_format(str(label[r])) == "other"
         independent[e] = not image[r] or (odd and kind[e] in (rules.PRESERVES, rules.AMBIGUOUS_KIND))
         nbytes[e] = int(size[r])
     return independent, nbytes

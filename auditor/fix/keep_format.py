@@ -11,10 +11,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..recording.formats import channels_last_order, logical_order
 from .convert import CHANNELS_LAST_OF_RANK
-
-_TO_NHWC = {4: (0, 2, 3, 1), 5: (0, 2, 3, 4, 1)}
-_FROM_NHWC = {4: (0, 3, 1, 2), 5: (0, 4, 1, 2, 3)}
 
 
 def softmax_keep_format(x: torch.Tensor, dim: int, log: bool = False) -> torch.Tensor:
@@ -26,9 +24,9 @@ def softmax_keep_format(x: torch.Tensor, dim: int, log: bool = False) -> torch.T
     """
     fn = torch.log_softmax if log else torch.softmax
     rank = x.dim()
-    if rank in _TO_NHWC and x.is_contiguous(memory_format=CHANNELS_LAST_OF_RANK[rank]) and not x.is_contiguous():
-        order = _TO_NHWC[rank]
-        return fn(x.permute(order), order.index(dim % rank)).permute(_FROM_NHWC[rank])
+    if rank in CHANNELS_LAST_OF_RANK and x.is_contiguous(memory_format=CHANNELS_LAST_OF_RANK[rank]) and not x.is_contiguous():
+        order = channels_last_order(rank)
+        return fn(x.permute(order), order.index(dim % rank)).permute(logical_order(rank))
     return fn(x, dim)
 
 

@@ -62,12 +62,6 @@ def split_comment(line: str) -> tuple[str, str]:
     return line, ""
 
 
-def function_of(source: str) -> tuple[str, str | None]:
-    """(file, enclosing module-level function) of a ``path:line`` source, for grouping."""
-    path = recorded(source).rpartition(":")[0]
-    return (path, enclosing_function(source)[1]) if path else ("", None)
-
-
 @functools.lru_cache(maxsize=4096)
 def enclosing_function(source: str) -> tuple[str | None, str | None]:
     """(importable module, function name) of the module-level function holding ``source``;

@@ -36,7 +36,6 @@ FIX_COLUMNS = [
     "hotspots", "count", "bytes", "hotspot_bytes", "added_bytes", "forward_bytes", "backward_bytes",
     "region",
 ]
-_RESHAPES = ("aten.view", "aten._unsafe_view", "aten.reshape", "aten._reshape_alias", "aten.flatten")
 #: Functions a "swap function" fix binds in place of a library's: the text its suggestion
 #: names -> the function, and how many positional parameters the replaced one must take.
 REBINDS = {"torch.nn.functional.channel_shuffle": (torch.nn.functional.channel_shuffle, 2)}

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..analysis import FlowView
+from ..analysis import FlowView, parse_tuple
 from ..recording import rules
 from ..recording.formats import base_format
 from ..result import Audit
@@ -112,7 +112,7 @@ def plan_graph(flow: FlowView, planned: set[str], given_format: str) -> tuple[li
         if flow.is_conv[e] and flow.module[e] in planned:
             r, p = rows[0], prods[0]
             s = src[p] if p >= 0 else (FIXED, given_format)
-            call = Call(flow.module[e], e, shape_of(shape[r]), getattr(torch, dtype[r]), label[r], s,
+            call = Call(flow.module[e], e, parse_tuple(shape[r]), getattr(torch, dtype[r]), label[r], s,
                          int(nbytes[r]), p < 0)
             calls.append(call)
             if base_format(label[r]) == "ambiguous" or s is None:
@@ -134,13 +134,8 @@ def plan_graph(flow: FlowView, planned: set[str], given_format: str) -> tuple[li
                 continue
             a = s[1] if s[0] == "conv" else None
             edges.append(Edge(a, first[1], s[1] if s[0] == FIXED else "", f"{flow.module[e]}: {flow.op[e]}",
-                               "peer operand", shape_of(shape[r]), getattr(torch, dtype[r]), int(nbytes[r])))
+                               "peer operand", parse_tuple(shape[r]), getattr(torch, dtype[r]), int(nbytes[r])))
     return calls, edges
-
-
-def shape_of(text: str) -> tuple:
-    """``"(2, 3, 4, 4)"`` (the log's shape column) -> ``(2, 3, 4, 4)``."""
-    return tuple(int(x) for x in text.strip("()").split(",") if x.strip())
 
 
 def hotspot_edges(a: Audit) -> list[Edge]:
@@ -153,7 +148,7 @@ def hotspot_edges(a: Audit) -> list[Edge]:
         if e not in first_in.index:
             continue
         r = first_in.loc[e]
-        shape = shape_of(str(r["shape"]))
+        shape = parse_tuple(str(r["shape"]))
         if len(shape) not in (4, 5):
             continue
         out.append(Edge(None, str(ops.at[e, "module"]), "", f"{ops.at[e, 'module']}: {ops.at[e, 'op']}",

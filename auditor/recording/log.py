@@ -13,7 +13,7 @@ import pandas as pd
 from .formats import LABELS, format_label, has_strides, nbytes
 from .mode import BACKWARD, PHASES, ROLES, TENSOR_FIELDS, RawLog, op_info
 from .modules import module_names
-from .profile import HIDDEN_COLUMNS  # noqa: F401  (the schema of Audit.hidden, with the others)
+from .profile import HIDDEN_COLUMNS
 from .sources import readable
 
 #: column -> dtype of ``Audit.events``. "category" columns list their categories below when
@@ -67,9 +67,6 @@ FIXED_CATEGORIES: dict[str, tuple[str, ...]] = {
     "in_format": ("", *LABELS),
     "out_format": ("", *LABELS),
 }
-
-#: Extra column of the CSV file: whether the recording ran to its end.
-COMPLETE_COLUMN = "audit_complete"
 
 
 def categorical(values, name: str) -> pd.Categorical:
@@ -156,7 +153,7 @@ def build_frames(raw: RawLog) -> tuple[pd.DataFrame, pd.DataFrame]:
             ),
             "in_format": _from_codes(labels_and_none, in_format, "in_format"),
             "out_format": _from_codes(labels_and_none, out_format, "out_format"),
-            "duration_us": _durations_us(durations),
+            "duration_us": _from_ns(durations, len(durations)),
             "time_us": _from_ns(raw.time_ns, n),
             "start_us": _from_ns(raw.start_ns, n),
             "gap_us": _from_ns(raw.gap_ns, n),
@@ -294,11 +291,6 @@ def _engine_sums(ops: list, op_code: np.ndarray, phases, origins, rows: _TensorR
         if p is not None and phase[p] == BACKWARD and (origin[p] != origin[e] or out[p]):
             out[e] = True
     return out
-
-
-def _durations_us(durations) -> np.ndarray:
-    ns = np.asarray(durations, dtype=np.float64)
-    return np.where(ns < 0, np.nan, ns / 1e3).astype(np.float32) if len(ns) else np.empty(0, dtype=np.float32)
 
 
 def build_hidden(raw: RawLog) -> pd.DataFrame:

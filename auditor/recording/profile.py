@@ -27,7 +27,7 @@ from torch._C._profiler import (
     _TensorMetadata,
 )
 
-from .formats import format_label, nbytes
+from .formats import VIEW_SUFFIX, format_label, nbytes
 
 _CPU = {ProfilerActivity.CPU}
 #: ops whose own job is to copy: the copy_ below them is the op itself, not a hidden conversion
@@ -237,9 +237,9 @@ def _copy_kind(src, dst, frm: str, to: str) -> str:
     whole = 1
     for s in dst.sizes:
         whole *= s
-    if numel < whole or (0 in tuple(src.strides) and not frm.endswith("_view")):
+    if numel < whole or (0 in tuple(src.strides) and not frm.endswith(VIEW_SUFFIX)):
         return "broadcast"
-    if frm.endswith("_view"):
+    if frm.endswith(VIEW_SUFFIX):
         return "materialize"
     if frm == to or "ambiguous" in (frm, to):
         return "same_format"

@@ -165,12 +165,10 @@ def definite(label: str) -> str | None:
     return fmt if fmt in _DEFINITE else None
 
 
-_definite = definite
-
 
 def _effective(t: TensorSig) -> str | None:
     """The definite format an input is in, or for an ambiguous one the one its data came in."""
-    return _definite(t.label) or _definite(t.effective)
+    return definite(t.label) or definite(t.effective)
 
 
 # -- facts ------------------------------------------------------------------------------------
@@ -178,7 +176,7 @@ def _effective(t: TensorSig) -> str | None:
 
 def plain_facts(t: TensorSig) -> Facts:
     """The facts of a tensor the data flow knows nothing about (a model input, a parameter)."""
-    return Facts(False, 1, len(t.shape), t.label, _definite(t.label) or "")
+    return Facts(False, 1, len(t.shape), t.label, definite(t.label) or "")
 
 
 def flow_facts(op: str, tensors: tuple[TensorSig, ...]) -> tuple[Facts, ...]:
@@ -202,12 +200,12 @@ def flow_facts(op: str, tensors: tuple[TensorSig, ...]) -> tuple[Facts, ...]:
 def _conv_result_facts(tensors, out: TensorSig) -> Facts:
     if out.position != 0 or not out.floating or len(out.shape) not in (4, 5) or out.label == "-":
         return plain_facts(out)  # weight gradients; a result without strides (mkldnn) holds no image we follow
-    made = _definite(out.label)
+    made = definite(out.label)
     if made is None:  # an ambiguous result: the layout of what the convolution read
         ins = [t for t in tensors if t.role == "input" and t.arg not in WEIGHT_ARGS and t.floating]
         weights = [t for t in tensors if t.role == "input" and t.arg == "weight"]
         made = next((_effective(t) for t in ins if _effective(t)), None) or next(
-            (_definite(t.label) for t in weights if _definite(t.label)), None) or ""
+            (definite(t.label) for t in weights if definite(t.label)), None) or ""
     return Facts(True, 1, len(out.shape), out.label, made)
 
 
@@ -219,7 +217,7 @@ def _result_facts(source: TensorSig | None, out: TensorSig) -> Facts:
         return plain_facts(out)
     rank = source.rank or len(source.shape)
     label = channel_label(out.shape, out.strides, cdim, rank)
-    return Facts(True, cdim, rank, label, _definite(label) or _effective(source) or "")
+    return Facts(True, cdim, rank, label, definite(label) or _effective(source) or "")
 
 
 _NONE = Verdict(NOT_APPLICABLE, 0, "", "")
@@ -282,7 +280,7 @@ def _classify_compute(acts_in, acts_out) -> Verdict:
     if cl_out and other_in:
         kind = CONVERTS if cl_in else RESTORES
         return Verdict(kind, sum(t.nbytes for t in other_in), other_in[0].label, cl_out[0].label)
-    if not any(_definite(t.label) for t in acts_in + acts_out):
+    if not any(definite(t.label) for t in acts_in + acts_out):
         return Verdict(AMBIGUOUS_KIND, 0, _first_label(acts_in), _first_label(acts_out))
     return Verdict(PRESERVES, 0, _first_label(acts_in), _first_label(acts_out))
 
@@ -294,7 +292,7 @@ def _classify_copy(op, acts_in, acts_out) -> Verdict:
     else:
         src = acts_in[:1]
     src_fmt = _effective(src[0]) if src else None
-    dst_fmt = _definite(acts_out[0].label) if acts_out else None
+    dst_fmt = definite(acts_out[0].label) if acts_out else None
     if dst_fmt is None and src_fmt in _CL and op_packet(op) in _RESHAPE_COPIES:
         # a reshape that had to copy wrote contiguous order, whatever rank it returned
         return Verdict(CONVERTS, src[0].nbytes, src[0].label, CONTIGUOUS)
@@ -316,17 +314,17 @@ def _classify_convolution(tensors, acts_in, acts_out) -> Verdict:
     if not results:
         return _NONE
     chosen_label = results[0].label
-    chosen = _definite(chosen_label)
+    chosen = definite(chosen_label)
     weights = [t for t in tensors if t.role == "input" and t.label != "-" and not _is_activation(t, True)]
     if chosen is None:
-        kind = AMBIGUOUS_KIND if not any(_definite(t.label) for t in acts_in) else PRESERVES
+        kind = AMBIGUOUS_KIND if not any(definite(t.label) for t in acts_in) else PRESERVES
         return Verdict(kind, 0, _first_label(acts_in), chosen_label)
     if chosen not in _CL:
         cl_in = [t for t in acts_in if _effective(t) in _CL]
         if cl_in:
             out = acts_out[0] if acts_out else results[0]
             return Verdict(LOSES, out.nbytes, cl_in[0].label, chosen_label)
-    permuted = [t for t in acts_in + weights if _definite(t.label) not in (None, chosen)]
+    permuted = [t for t in acts_in + weights if definite(t.label) not in (None, chosen)]
     if permuted:
         return Verdict(CONVERTS, sum(t.nbytes for t in permuted), permuted[0].label, chosen_label)
     return Verdict(PRESERVES, 0, _first_label(acts_in), chosen_label)
