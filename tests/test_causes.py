@@ -324,3 +324,24 @@ def test_an_nhwc_view_of_a_pooled_map_keeps_its_channels():
     pad = a.ops()[a.ops()["op"] == "aten.constant_pad_nd.default"]
     assert len(pad) == 2
     assert (pad["kind"] == "preserves").all()
+
+
+class VideoConv(nn.Conv3d):
+    """A convolution type whose name says nothing: a region is found by the ops its modules ran
+    and applied to the modules that are convolutions."""
+
+
+def test_region_fix_finds_convolutions_whatever_their_type_is_called():
+    model, x = make_cause("conv3d_batch1")
+    for name in ("a", "c"):
+        old = getattr(model, name)
+        new = VideoConv(old.in_channels, old.out_channels, 3, padding=1).to(memory_format=torch.channels_last_3d)
+        new.load_state_dict(old.state_dict())
+        setattr(model, name, new)
+    ref = model(x)
+    f = fix.suggest_fixes(auditor.audit(model, x))
+    assert list(f.frame["action"]) == [fix.REGION]
+    done = f.apply(model)
+    assert done["applied"].all()
+    torch.testing.assert_close(model(x), ref, rtol=1e-4, atol=1e-5)
+    assert auditor.audit(model, x).hotspots().empty

@@ -513,3 +513,19 @@ def test_time_interleaved_reports_both_clocks_spread_and_page_faults():
     assert (t[["wall_us", "cpu_us"]] > 0).all().all()
     assert isinstance(plan.steady_malloc(), bool)
     assert plan.default_clock("cpu") in ("cpu", "wall")
+
+
+class Softmax(nn.Softmax):
+    """A subclass of torch's Softmax that keeps its name, as libraries' own layers do."""
+
+
+def test_swaps_apply_to_subclasses_of_the_torch_module():
+    model, x = make("softmax")
+    model.mid = Softmax(dim=model.mid.dim)
+    ref = model(x)
+    f = fix.suggest_fixes(auditor.audit(model, x))
+    assert list(f.frame["action"]) == [fix.SWAP]
+    done = f.apply(model)
+    assert done["applied"].all()
+    torch.testing.assert_close(model(x), ref)
+    assert forward_hotspots(auditor.audit(model, x)).empty

@@ -71,6 +71,14 @@ def set_input_format(module: nn.Module, memory_format: torch.memory_format) -> N
     module.register_forward_pre_hook(InputFormat(memory_format))
 
 
+def is_conv_module(model: nn.Module, name: str) -> bool:
+    """``name`` is a convolution module of ``model`` (of a torch convolution type or a subclass)."""
+    try:
+        return isinstance(model.get_submodule(name), CONV2D + CONV3D)
+    except AttributeError:
+        return False
+
+
 def conv_module(model: nn.Module, name: str) -> nn.Module:
     """The convolution module ``name`` of ``model``; ``ValueError`` when it is none."""
     try:

@@ -114,7 +114,7 @@ def swap_module(model: nn.Module, name: str) -> nn.Module:
         old = model.get_submodule(name)
     except AttributeError:
         raise ValueError(f"the model has no module named {name!r}") from None
-    entry = SWAPS.get(type(old))
+    entry = next((SWAPS[t] for t in type(old).__mro__ if t in SWAPS), None)  # subclasses too
     if entry is None:
         raise ValueError(f"no format-keeping replacement for {type(old).__name__} ({name!r})")
     new = entry[0](old)

@@ -25,7 +25,7 @@ from ..recording import rules
 from ..recording.formats import channels_last_order, logical_order
 from ..result import Audit
 from .convert import CHANNELS_LAST_OF_RANK, FORMAT_NAMES
-from .hooks import conv_module, keep_contiguous, set_conv_format
+from .hooks import conv_module, is_conv_module, keep_contiguous, set_conv_format
 from .keep_format import SWAPS, swap_module
 from .source import enclosing_function, keep_format_in_line, module_expr, source_line
 
@@ -86,8 +86,12 @@ class Fixes:
                     set_conv_format(model, r.module, target, convert_input=False)
                     done, what = True, f"{r.module}.weight converted"
             elif r.action == REGION:
-                keep_contiguous(model, r.region)
-                done, what = True, f"{', '.join(r.region)} run contiguous"
+                convs = [n for n in r.region if is_conv_module(model, n)]
+                keep_contiguous(model, convs)
+                done, what = bool(convs), f"{', '.join(convs) or 'nothing'} run contiguous"
+                if len(convs) < len(r.region):
+                    others = ", ".join(n for n in r.region if n not in convs)
+                    what += f"; by hand: {others} ran convolutions but are no convolution modules"
             elif r.action == FUNCTION:
                 done, what = self._rebind(r.suggestion)
             else:
@@ -401,8 +405,9 @@ def _region_around(view: analysis.FlowView, c: int) -> tuple[tuple[str, ...], in
     convs = view.upstream_convs(e) | view.downstream_convs(e)
     if view.is_conv[e]:
         convs |= {e}
-    names = sorted({view.module[x] for x in convs if str(view.ops.at[x, "module_type"]).startswith(("Conv", "ConvTranspose"))},
-                   key=lambda n: min(x for x in convs if view.module[x] == n))
+    # the modules that ran the convolution ops; Fixes.apply keeps those that are convolution
+    # modules (a subclass of nn.Conv2d by any name, not a module calling F.conv2d)
+    names = sorted({view.module[x] for x in convs}, key=lambda n: min(x for x in convs if view.module[x] == n))
     if not names:
         return (), 0
     inside = set(names)

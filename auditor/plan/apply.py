@@ -10,8 +10,9 @@ import torch.nn as nn
 
 from ..display.html import header_html, table_html
 from ..display.units import format_bytes
+from ..fix.hooks import is_conv_module
 from ..result import Audit
-from .assign import apply_formats, is_conv_module
+from .assign import apply_formats
 from .check import compare_outputs, hotspot_totals, record, reference_output
 from .layout import LayoutPlan
 

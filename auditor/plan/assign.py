@@ -12,9 +12,6 @@ from ..fix.hooks import remove_input_formats, set_conv_format
 from ..recording.formats import base_format
 from .graph import Call
 
-CONVS = (nn.Conv2d, nn.ConvTranspose2d, nn.Conv3d, nn.ConvTranspose3d)
-
-
 FORMAT_OF = {"contiguous": CONTIGUOUS, "channels_last": torch.channels_last,
               "channels_last_3d": torch.channels_last_3d}
 
@@ -48,10 +45,3 @@ def apply_formats(model: nn.Module, formats: dict[str, str], converted: dict[str
               for name, fmt in formats.items()]
     return pd.concat(frames, ignore_index=True) if frames else conversion_frame([])
 
-
-def is_conv_module(model: nn.Module, name: str) -> bool:
-    """``name`` is a convolution module of ``model``."""
-    try:
-        return isinstance(model.get_submodule(name), CONVS)
-    except AttributeError:
-        return False

@@ -17,11 +17,11 @@ from ..analysis import FlowView
 from ..display.html import header_html, table_html
 from ..display.progress import bar as progress_bar
 from ..fix.convert import layout_name, to_channels_last, to_contiguous
-from ..fix.hooks import remove_input_formats
+from ..fix.hooks import is_conv_module, remove_input_formats
 from ..recording.formats import base_format
 from ..result import Audit
 from ..session import default_loss
-from .assign import CL_NAME, converted_inputs, is_conv_module, rank_names
+from .assign import CL_NAME, converted_inputs, rank_names
 from .check import bind, record, reference_output
 from .cut import energy, min_cut, regions
 from .decide import decide, ratios
