@@ -52,7 +52,8 @@ EPILOG = """\
 exit status:
   0    the audit ran and nothing failed the run
   1    a finding failed the run: --strict stopped at the first loss of channels_last
-  2    the model, its import, factory or input failed, or a flag is wrong
+  2    the model, its import, factory or input failed, a flag is wrong, --out already
+       holds an audit (add --force) or cannot be written
   3    format-audit itself failed after the model ran (a bug: please report it)
   130  interrupted
 """
@@ -339,7 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strict", action="store_true",
                    help="stop at the first op that loses channels_last and exit with status 1")
     p.add_argument("--record-source", action=argparse.BooleanOptionalAction, default=True,
-                   help="record the source line of each op (the causes name their lines)")
+                   help="record the source line of each op, so the causes name their lines (default: on)")
     p.add_argument("--record-time", action=argparse.BooleanOptionalAction, default=None,
                    help="measure each op's kernel time with torch's profiler, so causes rank by time "
                         "(default: on; fake audits have no times)")

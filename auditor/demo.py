@@ -22,7 +22,10 @@ import torch
 
 import auditor
 from auditor import plot
-from auditor.plan import time_interleaved
+from auditor.plan import default_clock, time_interleaved
+from auditor.plan.timing import step_fn
+from auditor.recording.csvfile import atomic_write
+from auditor.session import default_loss
 
 #: What ``--out`` receives.
 DEMO_FILES = ("report_before.txt", "fixes.txt", "report_after.txt", "heatmap_before.png", "heatmap_after.png",
@@ -31,11 +34,11 @@ CL = torch.channels_last
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m auditor.demo", description=__doc__.splitlines()[0],
+    p = argparse.ArgumentParser(prog="python -m auditor.demo", description=" ".join(__doc__.split("\n\n")[0].split()),
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--model", default="shufflenet_v2_x1_0", help="a torchvision classification model")
     p.add_argument("--input", default="8,3,128,128", help="the batch's shape N,C,H,W")
-    p.add_argument("--rounds", type=int, default=7, help="timed rounds, before and after alternating")
+    p.add_argument("--rounds", type=int, default=7, help="timed rounds, before and after alternating (at least 3)")
     p.add_argument("--out", default=None, help="folder for the reports, heatmaps and timings")
     p.add_argument("--force", action="store_true", help="overwrite an earlier demo's files in --out")
     return p
@@ -99,13 +102,7 @@ def main(argv=None) -> int:
 
 
 def _time(model, fixed, x, fixes, rounds: int):
-    def step(m):
-        def run():
-            m.zero_grad(set_to_none=True)
-            auditor.session.default_loss(m(x)).backward()
-        return run
-
-    before_step, after_step = step(model), step(fixed)
+    before_step, after_step = (step_fn(m, (x,), True, default_loss) for m in (model, fixed))
 
     def before():
         with fixes.restored():
@@ -116,7 +113,7 @@ def _time(model, fixed, x, fixes, rounds: int):
 
 def _timing_text(timing, estimated_us: float, before, after) -> str:
     b, a = timing.loc["before"], timing.loc["after"]
-    clock = "cpu" if torch.get_num_threads() == 1 else "wall"
+    clock = default_clock()
     tb, ta = b[f"{clock}_us"], a[f"{clock}_us"]
     hot_b, hot_a = before.ops()["hotspot"].sum(), after.ops()["hotspot"].sum()
     return "\n".join([
@@ -145,7 +142,7 @@ class _Writer:
     def __call__(self, text: str, file: str | None = None) -> None:
         print(text, flush=True)
         if self.out is not None and file is not None:
-            (self.out / file).write_text(text + "\n")
+            atomic_write(self.out / file, lambda tmp: tmp.write_text(text + "\n"))
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from . import analysis
 from .display.tables import shorten
 from .display.units import QUANTITIES
 from .recording import rules
+from .recording.csvfile import atomic_write
 from .recording.formats import base_format
 from .result import Audit
 
@@ -507,5 +508,6 @@ def top_hotspots(audit: Audit, n: int = 10, by: str = "cause", value: str | None
 
 
 def save(fig: Figure, path, dpi: int = 100, format: str | None = None) -> None:
-    """Write ``fig`` to ``path``; the format comes from the suffix unless given."""
-    fig.savefig(path, dpi=dpi, format=format or (Path(path).suffix.lstrip(".") or "png"))
+    """Write ``fig`` to ``path`` (whole or not at all); the format comes from the suffix unless given."""
+    fmt = format or (Path(path).suffix.lstrip(".") or "png")
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=dpi, format=fmt))
