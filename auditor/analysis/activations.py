@@ -29,6 +29,16 @@ def floating_rows(tensors: pd.DataFrame) -> np.ndarray:
     return of_code[tensors["dtype"].cat.codes.to_numpy()]
 
 
+def op_flags(ops: pd.Series, predicate) -> np.ndarray:
+    """Per event, ``predicate`` of its op's name (a rule of :mod:`auditor.recording.rules`),
+    decided once per distinct op."""
+    if isinstance(ops.dtype, pd.CategoricalDtype):
+        codes, names = ops.cat.codes.to_numpy(), ops.cat.categories
+    else:
+        codes, names = pd.factorize(ops.astype(str))
+    return np.array([predicate(str(o)) for o in names] + [False], dtype=bool)[codes]
+
+
 def activation_inputs(tensors: pd.DataFrame, floating: np.ndarray | None = None) -> np.ndarray:
     """Per tensor row: an activation read by its op (see the module docstring)."""
     if floating is None:

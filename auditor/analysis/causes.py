@@ -15,7 +15,7 @@ import pandas as pd
 
 from ..recording import rules
 from ..recording.formats import base_format, channels_last_order, logical_order
-from .activations import parse_tuple
+from .activations import op_flags, parse_tuple
 from .flow import FlowView
 from .timing import REPLACEMENTS, copy_cost, own_saving_us, saving_us, timed
 
@@ -78,7 +78,7 @@ class CauseTracer:
         self.to_format = ops["to_format"].astype(str).to_numpy()
         self.forward_seq = ops["forward_seq"].to_numpy() if "forward_seq" in ops else np.full(len(ops), -1)
         self.weight_permuted = ops["weight_permuted"].to_numpy()
-        self.copy = np.array([rules.is_copy(o) for o in self.op], dtype=bool)
+        self.copy = op_flags(ops["op"], rules.is_copy)
         self.image = facts["image"].to_numpy()
         self.cdim = facts["cdim"].to_numpy()
         self.rank = facts["rank"].to_numpy()

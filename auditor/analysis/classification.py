@@ -12,7 +12,7 @@ import pandas as pd
 
 from ..recording import rules
 from ..recording.formats import CHANNELS_LAST, CHANNELS_LAST_3D, LABELS, VIEW_SUFFIX
-from .activations import activation_inputs, floating_rows, image_facts, parse_tuple
+from .activations import activation_inputs, floating_rows, image_facts, op_flags, parse_tuple
 
 _CL_LABELS = (CHANNELS_LAST, CHANNELS_LAST_3D, CHANNELS_LAST + VIEW_SUFFIX, CHANNELS_LAST_3D + VIEW_SUFFIX)
 #: Signature width handled by the vectorised path; wider ops (foreach, long cats) go one by one.
@@ -46,7 +46,7 @@ def classify(events: pd.DataFrame, tensors: pd.DataFrame, facts: pd.DataFrame | 
     cl_in = np.zeros(n, dtype=bool)
     is_in = (tensors["role"] == "input").to_numpy()
     cl_effective = np.isin(facts["effective"].to_numpy(), _CL_LABELS)
-    is_conv = np.array([rules.is_convolution(o) for o in ops] + [False], dtype=bool)[op_codes] if n else np.zeros(0, bool)
+    is_conv = op_flags(events["op"], rules.is_convolution)
     conv_input = is_conv[seq] & activation_inputs(tensors, floating)  # always an image to its convolution
     cl_in[seq[is_in & (facts["image"].to_numpy() | conv_input) & cl_effective]] = True
     labels = ["", *LABELS]

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from ..recording import rules
-from .activations import activation_inputs
+from .activations import activation_inputs, op_flags
 
 
 def view_roots(tensors: pd.DataFrame, n_events: int) -> np.ndarray:
@@ -129,9 +129,7 @@ class FlowGraph:
         self.same_phase = np.zeros(len(tensors), dtype=bool)
         self.same_phase[rows] = self.links["same_phase"].to_numpy()
         self.activation = activation_inputs(tensors)
-        ops = events["op"].cat.categories
-        self.is_conv = (np.array([rules.is_convolution(o) for o in ops] + [False], dtype=bool)
-                        [events["op"].cat.codes.to_numpy()])
+        self.is_conv = op_flags(events["op"], rules.is_convolution)
         seq = tensors["seq"].to_numpy()
         self.act_rows: dict[int, list[int]] = {}
         for r in np.flatnonzero(self.activation):  # tensors are in recording order, inputs by position

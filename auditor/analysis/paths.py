@@ -11,7 +11,7 @@ import pandas as pd
 
 from ..recording import rules
 from ..recording.formats import VIEW_SUFFIX, base_format
-from .activations import floating_rows, image_facts
+from .activations import floating_rows, image_facts, op_flags
 from .classification import classify
 from .flow import FlowGraph
 
@@ -109,8 +109,7 @@ def _layout_independent_copies(events, tensors, facts, kind) -> tuple[np.ndarray
     nbytes = np.zeros(n, dtype=np.int64)
     if not n or not len(tensors):
         return independent, nbytes
-    copy_op = np.array([rules.is_copy(str(o)) for o in events["op"].cat.categories] + [False],
-                       dtype=bool)[events["op"].cat.codes.to_numpy()]
+    copy_op = op_flags(events["op"], rules.is_copy)
     seq = tensors["seq"].to_numpy()
     arg = tensors["arg"].astype(str).to_numpy()
     is_in = (tensors["role"] == "input").to_numpy()

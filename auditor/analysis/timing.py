@@ -27,6 +27,7 @@ import pandas as pd
 
 from ..recording import rules
 from ..recording.formats import base_format
+from .activations import op_flags
 
 #: Hidden copies that move data for the format: a dense tensor copied into another format, or a
 #: view in one definite format made dense in another (not a broadcast or a transpose made dense).
@@ -70,8 +71,7 @@ def copy_cost(ops: pd.DataFrame, hidden: pd.DataFrame | None, result_bytes: np.n
     that is not increasing falls back to the mean µs per byte."""
     if not timed(ops):
         return None
-    is_copy = np.array([rules.is_copy(str(o)) for o in ops["op"]], dtype=bool)
-    keep = is_copy & (result_bytes > 0) & ops["time_us"].notna().to_numpy()
+    keep = op_flags(ops["op"], rules.is_copy) & (result_bytes > 0) & ops["time_us"].notna().to_numpy()
     nbytes = [result_bytes[keep].astype(np.float64)]
     times = [ops["time_us"].to_numpy()[keep]]
     if hidden is not None and len(hidden):
@@ -107,7 +107,7 @@ def saving_us(ops: pd.DataFrame, hidden: pd.DataFrame | None, result_bytes: np.n
     op = ops["op"].astype(str).to_numpy()
     hot = ops["hotspot"].to_numpy()
     is_conv = ops["is_conv"].to_numpy()
-    copy = np.array([rules.is_copy(o) for o in op], dtype=bool)
+    copy = op_flags(ops["op"], rules.is_copy)
     nbytes = ops["bytes"].to_numpy().astype(np.float64)
     inner = _inner_copy_us(hidden, n)
     same_format = _same_format_calls(ops, result_bytes)
