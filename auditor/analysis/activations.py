@@ -39,6 +39,30 @@ def op_flags(ops: pd.Series, predicate) -> np.ndarray:
     return np.array([predicate(str(o)) for o in names] + [False], dtype=bool)[codes]
 
 
+def distinct_rows(columns: list) -> tuple[np.ndarray, np.ndarray]:
+    """(per row, a code of its distinct combination of ``columns``, numbered in order of first
+    appearance; per code, its first row). Each column (an array or a Series, categorical or
+    not) is factorised on its own and the codes are combined arithmetically, so no tuple is
+    built per row."""
+    n = len(columns[0]) if columns else 0
+    key, span = np.zeros(n, dtype=np.int64), 1
+    for col in columns:
+        if isinstance(getattr(col, "dtype", None), pd.CategoricalDtype):
+            codes, size = col.cat.codes.to_numpy().astype(np.int64), len(col.cat.categories)
+        else:
+            codes, uniq = pd.factorize(np.asarray(col))
+            size = len(uniq)
+        if span * (size + 1) >= 1 << 62:  # renumber what is combined so far before it overflows
+            key = pd.factorize(key)[0].astype(np.int64)
+            span = int(key.max()) + 1 if n else 1
+        key = key * (size + 1) + (codes + 1)
+        span *= size + 1
+    codes = pd.factorize(key)[0].astype(np.int64)
+    first = np.zeros(int(codes.max()) + 1 if n else 0, dtype=np.int64)
+    first[codes[::-1]] = np.arange(n - 1, -1, -1)
+    return codes, first
+
+
 def activation_inputs(tensors: pd.DataFrame, floating: np.ndarray | None = None) -> np.ndarray:
     """Per tensor row: an activation read by its op (see the module docstring)."""
     if floating is None:
@@ -107,13 +131,12 @@ def _base_signatures(tensors: pd.DataFrame) -> tuple[list[rules.TensorSig], np.n
     """The rule's view of every distinct tensor row, before the data flow's facts: (the
     distinct signatures, each row's code into them)."""
     cols = ["role", "position", "arg", "format", "is_param", "is_view", "bytes", "dtype", "shape", "strides"]
-    keys = pd.MultiIndex.from_frame(tensors[cols].astype({c: "object" for c in ("role", "arg", "format", "dtype",
-                                                                                 "shape", "strides")}))
-    codes, uniq = pd.factorize(keys)
+    codes, first = distinct_rows([tensors[c] for c in cols])
+    uniq = tensors[cols].iloc[first]
     floating = {d: is_floating_dtype(d) for d in tensors["dtype"].cat.categories.astype(str)}
     base = [
-        rules.TensorSig(role, int(pos), arg, label, bool(param), bool(view), int(nbytes), floating[dtype],
-                        parse_tuple(shape), parse_tuple(strides))
-        for role, pos, arg, label, param, view, nbytes, dtype, shape, strides in uniq
+        rules.TensorSig(str(role), int(pos), str(arg), str(label), bool(param), bool(view), int(nbytes),
+                        floating[str(dtype)], parse_tuple(str(shape)), parse_tuple(str(strides)))
+        for role, pos, arg, label, param, view, nbytes, dtype, shape, strides in uniq.itertuples(index=False)
     ]
     return base, codes

@@ -12,7 +12,14 @@ import pandas as pd
 
 from ..recording import rules
 from ..recording.formats import CHANNELS_LAST, CHANNELS_LAST_3D, LABELS, VIEW_SUFFIX
-from .activations import activation_inputs, floating_rows, image_facts, op_flags, parse_tuple
+from .activations import (
+    activation_inputs,
+    distinct_rows,
+    floating_rows,
+    image_facts,
+    op_flags,
+    parse_tuple,
+)
 
 _CL_LABELS = (CHANNELS_LAST, CHANNELS_LAST_3D, CHANNELS_LAST + VIEW_SUFFIX, CHANNELS_LAST_3D + VIEW_SUFFIX)
 #: Signature width handled by the vectorised path; wider ops (foreach, long cats) go one by one.
@@ -65,32 +72,11 @@ def classify(events: pd.DataFrame, tensors: pd.DataFrame, facts: pd.DataFrame | 
 
 def _tensor_signatures(tensors: pd.DataFrame, floating: np.ndarray, facts: pd.DataFrame) -> np.ndarray:
     """A code per distinct (role, position, arg, format, is_param, is_view, floating, bytes,
-    shape and strides, and the data flow's facts).
-
-    The fields are packed into one int64 so that a single hash factorisation does the work.
-    """
+    shape and strides, and the data flow's facts)."""
     if not len(tensors):
         return np.zeros(0, np.int64)
-    fact_code = pd.factorize(pd.MultiIndex.from_frame(facts))[0].astype(np.int64)
-    layout = pd.factorize(pd.MultiIndex.from_arrays([tensors["shape"].cat.codes, tensors["strides"].cat.codes]))[0]
-    fields = [
-        (tensors["role"].cat.codes.to_numpy().astype(np.int64), 1),
-        (tensors["position"].to_numpy().astype(np.int64) + 1, 10),
-        (tensors["arg"].cat.codes.to_numpy().astype(np.int64) + 1, 8),
-        (tensors["format"].cat.codes.to_numpy().astype(np.int64) + 1, 4),
-        (tensors["is_param"].to_numpy().astype(np.int64), 1),
-        (tensors["is_view"].to_numpy().astype(np.int64), 1),
-        (floating.astype(np.int64), 1),
-        (pd.factorize(tensors["bytes"].to_numpy())[0].astype(np.int64), 14),
-        (layout.astype(np.int64), 14),
-        (fact_code, 8),
-    ]
-    if all(int(v.max()) < (1 << bits) and int(v.min()) >= 0 for v, bits in fields):
-        key = np.zeros(len(tensors), dtype=np.int64)
-        for v, bits in fields:
-            key = (key << bits) | v
-        return pd.factorize(key)[0].astype(np.int64)
-    return pd.factorize(pd.MultiIndex.from_arrays([v for v, _ in fields]))[0].astype(np.int64)
+    columns = ["role", "position", "arg", "format", "is_param", "is_view", "bytes", "shape", "strides"]
+    return distinct_rows([tensors[c] for c in columns] + [floating] + [facts[c] for c in facts.columns])[0]
 
 
 class _EventRows:
