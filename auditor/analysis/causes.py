@@ -58,7 +58,7 @@ PATTERNS: dict[str, str] = {
 
 CAUSE_COLUMNS = [
     "cause", "phase", "module", "module_type", "op", "kind", "pattern", "source", "calls", "hotspots",
-    "bytes", "time_us", "saving_us", "fix",
+    "bytes", "time_us", "saving_us", "first_seq", "fix",
 ]
 
 _CL = ("channels_last", "channels_last_3d")
@@ -457,7 +457,7 @@ def _cause_rows(view, tracer: CauseTracer, keys, kinds, order, group_of_event, s
     if not rows:
         numeric = {"cause": "int64", "calls": "int64", "hotspots": "int64", "bytes": "int64",
                    "time_us": "float64", "saving_us": "float64", "first_seq": "int64"}
-        return pd.DataFrame({c: pd.Series(dtype=numeric.get(c, "object")) for c in CAUSE_COLUMNS + ["first_seq"]})
+        return pd.DataFrame({c: pd.Series(dtype=numeric.get(c, "object")) for c in CAUSE_COLUMNS})
     return pd.DataFrame(rows)
 
 

@@ -111,11 +111,7 @@ def _cause_flows(ops, causes, start, dur, tid_of) -> list[dict]:
     cause_of = ops["cause"].to_numpy()
     flow = 0
     for c in causes.itertuples():
-        same = (ops["op"].astype(str) == c.op) & (ops["phase"].astype(str) == c.phase)
-        same &= (ops["source"].astype(str) == c.source) if c.source else (ops["module"].astype(str) == c.module)
-        if not same.any():
-            continue
-        origin = int(ops.index[same.to_numpy()][0])
+        origin = int(c.first_seq)
         for e in (int(x) for x in ops.index[cause_of == c.cause]):
             if e == origin:
                 continue

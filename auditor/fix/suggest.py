@@ -236,7 +236,7 @@ class _Cause:
     def __init__(self, view: analysis.FlowView, tracer: analysis.CauseTracer, row):
         ops = view.ops
         self.view, self.tracer, self.row = view, tracer, row
-        self.e = _first_event(view, row)
+        self.e = int(row.first_seq)
         self.op, self.module, self.source = row.op, row.module, row.source
         self.module_type = row.module_type
         self.pattern = row.pattern
@@ -248,14 +248,6 @@ class _Cause:
         self.what = f"{self.op} ({view.kind[e]} {ops.at[e, 'from_format']} -> {ops.at[e, 'to_format']})"
         self.base = {"module": self.module, "module_type": self.module_type, "op": self.op,
                      "source": self.source, "line": self.line, "suggestion": "", "region": ()}
-
-
-def _first_event(view: analysis.FlowView, row) -> int:
-    """The first event at the cause's op and line (its module when no lines were recorded)."""
-    same = (view.op == row.op) & (view.phase == row.phase)
-    same &= (view.source == row.source) if row.source else (view.module == row.module)
-    hits = np.flatnonzero(same)
-    return int(hits[0]) if len(hits) else 0
 
 
 def _fix_for(view, tracer, row) -> dict | None:
