@@ -30,8 +30,7 @@ class Audit:
                  hidden: pd.DataFrame | None = None):
         self.events = events
         self.tensors = tensors
-        self.hidden = hidden if hidden is not None else log.hidden_frame(
-            pd.DataFrame({c: [] for c in log.HIDDEN_COLUMNS}))
+        self.hidden = hidden if hidden is not None else log.hidden_frame()
         self.complete = complete
         self.error = error
         self._ops: pd.DataFrame | None = None

@@ -18,6 +18,14 @@ from .flow import FlowGraph
 HOTSPOT_KEYS = ["phase", "module", "op", "source", "kind"]
 
 
+def op_times(ops: pd.DataFrame) -> np.ndarray:
+    """Per op, its kernel time (the profiler's, else the wall time around it; NaN when untimed)."""
+    for col in ("time_us", "duration_us"):
+        if col in ops and ops[col].notna().any():
+            return ops[col].to_numpy(dtype=np.float64)
+    return np.full(len(ops), np.nan)
+
+
 def ops_table(events: pd.DataFrame, tensors: pd.DataFrame, graph: FlowGraph | None = None,
               facts: pd.DataFrame | None = None) -> pd.DataFrame:
     """``events`` plus the classification and data-flow columns the other analyzers use.
@@ -143,8 +151,9 @@ def hotspots(ops: pd.DataFrame) -> pd.DataFrame:
     hot = ops[ops["hotspot"]]
     if "cause" not in ops:
         hot = hot.assign(cause=0)
-    time_col = next((c for c in ("time_us", "duration_us") if c in ops and ops[c].notna().any()), None)
-    hot = hot.assign(_time=hot[time_col] if time_col else np.nan)
+    times = op_times(ops)
+    timed = not np.isnan(times).all()
+    hot = hot.assign(_time=times[ops["hotspot"].to_numpy()])
     agg = {
         "module_type": ("module_type", "first"),
         "from_format": ("from_format", "first"),
@@ -161,7 +170,7 @@ def hotspots(ops: pd.DataFrame) -> pd.DataFrame:
     g = hot.groupby([*HOTSPOT_KEYS, "cause"], observed=True, sort=False).agg(**agg).reset_index()
     total = g["bytes"].sum()
     g["share"] = g["bytes"] / total if total else 0.0
-    by = ["time_us", "bytes"] if time_col else ["bytes"]
+    by = ["time_us", "bytes"] if timed else ["bytes"]
     g = g.sort_values([*by, "first_seq"], ascending=[False] * len(by) + [True], ignore_index=True)
     for c in ("phase", "module", "module_type", "op", "kind", "from_format", "to_format", "source"):
         g[c] = g[c].astype(str)

@@ -9,7 +9,7 @@ import torch
 
 from ..recording import rules
 from ..recording.formats import CHANNELS_LAST, CHANNELS_LAST_3D
-from .paths import HOTSPOT_KEYS
+from .paths import HOTSPOT_KEYS, op_times
 
 
 def module_at_depth(module: pd.Series, depth: int) -> pd.Series:
@@ -41,7 +41,7 @@ def summary(ops: pd.DataFrame, depth: int = 1) -> pd.DataFrame:
             "conversion": ops["kind"].isin([rules.CONVERTS, rules.RESTORES]).to_numpy(),
             "hotspot": ops["hotspot"].to_numpy(),
             "hot_bytes": np.where(ops["hotspot"].to_numpy(), ops["bytes"].to_numpy(), 0),
-            "hot_time": np.where(ops["hotspot"].to_numpy(), _times(ops), 0.0),
+            "hot_time": np.where(ops["hotspot"].to_numpy(), op_times(ops), 0.0),
         }
     )
     g = df.groupby("module", sort=False).agg(
@@ -57,24 +57,16 @@ def summary(ops: pd.DataFrame, depth: int = 1) -> pd.DataFrame:
     total = g["bytes"].sum()
     g["share"] = g["bytes"] / total if total else 0.0
     g = g[["first_seq", "ops", "views", "losses", "conversions", "hotspots", "bytes", "share", "time_us"]]
-    if np.isnan(_times(ops)).all():
+    if np.isnan(op_times(ops)).all():
         g["time_us"] = np.nan
     g = g.sort_values("first_seq").drop(columns="first_seq").reset_index()
     if "layout_independent" in ops and ops["layout_independent"].any():
         copies = ops[ops["layout_independent"]]
         row = {"module": LAYOUT_INDEPENDENT, "ops": len(copies), "views": 0, "losses": 0, "conversions": len(copies),
                "hotspots": 0, "bytes": int(copies["bytes"].sum()), "share": 0.0,
-               "time_us": float(np.nansum(_times(copies))) if not np.isnan(_times(copies)).all() else np.nan}
+               "time_us": float(np.nansum(op_times(copies))) if not np.isnan(op_times(copies)).all() else np.nan}
         g = pd.concat([g, pd.DataFrame([row]).astype(g.dtypes.to_dict())], ignore_index=True)
     return g
-
-
-def _times(ops: pd.DataFrame) -> np.ndarray:
-    """Per op, its kernel time (the profiler's, else the wall time around it; NaN when untimed)."""
-    for col in ("time_us", "duration_us"):
-        if col in ops and ops[col].notna().any():
-            return ops[col].to_numpy(dtype=np.float64)
-    return np.full(len(ops), np.nan)
 
 
 def coverage(ops: pd.DataFrame, tensors: pd.DataFrame) -> pd.DataFrame:

@@ -146,7 +146,7 @@ def to_csv(events: pd.DataFrame, tensors: pd.DataFrame, complete: bool, path_or_
     """Write the log as one CSV file (format above); with no ``path_or_buf``, return the text.
     A path is written atomically (:func:`atomic_write`)."""
     if hidden is None:
-        hidden = log.hidden_frame(pd.DataFrame({c: [] for c in HIDDEN_COLUMNS}))
+        hidden = log.hidden_frame()
     text = _render(events, tensors, complete, error, hidden)
     if path_or_buf is None:
         return text

@@ -295,13 +295,13 @@ def _engine_sums(ops: list, op_code: np.ndarray, phases, origins, rows: _TensorR
 
 def build_hidden(raw: RawLog) -> pd.DataFrame:
     """The copies made inside recorded ops (``Audit.hidden``), one row each."""
-    cols = list(HIDDEN_COLUMNS)
-    frame = pd.DataFrame(raw.hidden, columns=cols) if raw.hidden else pd.DataFrame({c: [] for c in cols})
-    return hidden_frame(frame)
+    return hidden_frame(pd.DataFrame(raw.hidden, columns=list(HIDDEN_COLUMNS)) if raw.hidden else None)
 
 
-def hidden_frame(frame: pd.DataFrame) -> pd.DataFrame:
-    """``frame`` with the dtypes of :data:`HIDDEN_COLUMNS`."""
+def hidden_frame(frame: pd.DataFrame | None = None) -> pd.DataFrame:
+    """``frame`` with the dtypes of :data:`HIDDEN_COLUMNS`; none: an empty table of them."""
+    if frame is None:
+        frame = pd.DataFrame({c: [] for c in HIDDEN_COLUMNS})
     out = {}
     for col, dtype in HIDDEN_COLUMNS.items():
         values = frame[col]

@@ -457,7 +457,7 @@ class RecorderMode(TorchDispatchMode):
             label = self.events[origin][2]
         else:
             var = getattr(node, "variable", None)
-            label = GLOBAL_LABEL if var is None else (self.tracker.param_modules.get(id(var), "Global"), "")
+            label = GLOBAL_LABEL if var is None else (self.tracker.param_modules.get(id(var), GLOBAL_LABEL[0]), "")
         self._last_node, self._last_node_label, self._last_node_event = node, label, origin
         return label
 

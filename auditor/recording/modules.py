@@ -223,7 +223,7 @@ def module_names(tracker_names: Iterable[str], types: dict[str, str]):
     for name in tracker_names:
         if name in mapping:
             continue
-        if name == "Global":
+        if name == GLOBAL_LABEL[0]:
             mapping[name] = (GLOBAL_MODULE, "")
             continue
         head, _, rest = name.partition(".")
