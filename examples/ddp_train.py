@@ -163,6 +163,10 @@ def main(argv=None) -> int:
             merged.bucket_hotspots().to_csv(os.path.join(args.out, "bucket_hotspots.csv"), index=False)
             grads.to_csv(os.path.join(args.out, "grads.csv"), index=False)
         print(f"rank {rank}: wrote {path}", file=sys.stderr)
+        # Every rank leaves together. Gloo frees a finished collective's tensors on its own
+        # threads, which need the GIL: a rank whose interpreter is already shutting down then
+        # aborts ("terminate called without an active exception").
+        dist.barrier()
     finally:
         dist.destroy_process_group()
     return 0

@@ -174,6 +174,7 @@ def _worker(mode: str, out: str, store: str) -> None:
                 ref = _reference_grads(ex, world)
                 err = max(float((p.grad - ref[n]).abs().max()) for n, p in ddp.module.named_parameters())
                 (d / f"grad_error.rank{rank}.txt").write_text(repr(err))
+        dist.barrier()  # leave together, as the example does (and for the same reason)
     finally:
         dist.destroy_process_group()
 
