@@ -99,6 +99,13 @@ def test_rounds_keep_their_samples_and_take_more():
     assert len(r) == 5 and list(r.frame().index) == ["x", "y"]
 
 
+def test_rounds_alternate_their_order(monkeypatch):
+    seen = fake_timer(monkeypatch, lambda name: 1.0)
+    r = plan.Rounds({"x": lambda: None, "y": lambda: None, "z": lambda: None}, min_sample_us=0)
+    r.run(1).run(2)
+    assert seen == ["x", "y", "z", "z", "y", "x", "x", "y", "z"]
+
+
 # -- plan_layout ------------------------------------------------------------------------------------
 
 

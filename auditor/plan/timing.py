@@ -1,6 +1,6 @@
 """The timing harness: interleaved medians on a chosen clock, and steady memory to time on.
 
-Candidates are timed in rounds (A B C A B C ...) so that load from other processes hits every
+Candidates are timed in rounds (A B C, C B A, ...) so that load from other processes hits every
 one alike; a fast callable runs several times per sample so that one sample lasts at least a
 minimum time.
 """
@@ -87,8 +87,9 @@ def sample(name: str, fn: Callable[[], object], number: int, device: torch.devic
 
 
 class Rounds:
-    """Samples of several callables taken in interleaved rounds (A B C, A B C, ...), kept so that
-    more rounds can be added until a decision is clear (:mod:`auditor.plan.decide`).
+    """Samples of several callables taken in interleaved rounds, each in the reverse order of the
+    one before (A B C, C B A, A B C, ...) so that none always runs first; kept so that more rounds
+    can be added until a decision is clear (:mod:`auditor.plan.decide`).
 
     Each callable is warmed up once and calibrated so that one sample lasts at least
     ``min_sample_us``; ``wall[name]``, ``cpu[name]`` and ``faults[name]`` hold one value per
@@ -118,8 +119,9 @@ class Rounds:
 
     def run(self, rounds: int) -> Rounds:
         """Take ``rounds`` more rounds; returns ``self``."""
-        for _ in range(rounds):
-            for name, fn in self.fns.items():
+        order = list(self.fns.items())
+        for r in range(len(self), len(self) + rounds):
+            for name, fn in (order if r % 2 == 0 else order[::-1]):
                 w, c, f = sample(name, fn, self.number[name], self.device)
                 self.wall[name].append(w)
                 self.cpu[name].append(c)
@@ -155,7 +157,7 @@ def spread(samples: list[float]) -> float:
 
 def time_interleaved(fns: dict[str, Callable[[], object]], repeats: int = 7, *, min_sample_us: float = 1000.0,
                      device: torch.device | str = "cpu") -> pd.DataFrame:
-    """Time each callable ``repeats`` times, interleaved (A B C A B C ...) so that load from
+    """Time each callable ``repeats`` times, interleaved (A B C, C B A, ...) so that load from
     other processes hits every candidate alike. A fast callable runs several times per sample so
     that one sample lasts at least ``min_sample_us``.
 
