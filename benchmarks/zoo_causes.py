@@ -39,21 +39,8 @@ except ImportError:  # run from a checkout without the editable install
     sys.path.insert(0, str(ROOT))
     import auditor
 
+from savings import QUICK_ROUNDS, WARMUP_ROUNDS, measure, step_seconds  # noqa: E402
 from zoo_patches import ZOO, ZooModel, cause_keys, library_path, patched  # noqa: E402
-
-WARMUP_ROUNDS = 2
-QUICK_ROUNDS = 5
-
-
-def step(model, inputs) -> float:
-    """CPU seconds of one training step; gradients reset beforehand, untimed."""
-    model.zero_grad(set_to_none=True)
-    torch.manual_seed(0)
-    t0 = time.process_time()
-    out = model(*inputs)
-    outs = [out] if isinstance(out, torch.Tensor) else list(out.values())
-    sum(o.sum() for o in outs).backward()
-    return time.process_time() - t0
 
 
 def audit(model, inputs) -> auditor.Audit:
@@ -70,28 +57,28 @@ def top_cause(causes) -> str:
     return f"{r['pattern']} {library_path(path)}:{line}"
 
 
-def measure(z: ZooModel, batch: int, rounds: int) -> dict:
+def model_row(z: ZooModel, batch: int, rounds: int) -> dict:
     model, inputs = z.make()
     before = audit(model, inputs)
     with patched(z.fixes, model):
         after = audit(model, inputs)
     causes = before.causes()
     timed = z.inputs(batch=batch)
-    times: dict[str, list[float]] = {"before": [], "after": []}
-    for r in range(WARMUP_ROUNDS + rounds):
-        for name in (("before", "after") if r % 2 else ("after", "before")):
-            with patched(z.fixes if name == "after" else [], model):
-                t = step(model, timed)
-            if r >= WARMUP_ROUNDS:
-                times[name].append(t)
-    ratios = [a / b for a, b in zip(times["after"], times["before"])]
-    q1, _, q3 = statistics.quantiles(ratios, n=4)
+
+    def version(fixes):
+        def run():
+            with patched(fixes, model):
+                return step_seconds(model, timed)
+        return run
+
+    t = measure(version([]), version(z.fixes), rounds)
+    q1, _, q3 = statistics.quantiles(t["ratios"], n=4)
     return {
         "causes": len(causes), "top": top_cause(causes),
         "pinned": cause_keys(causes) == {c.key for c in z.causes},
         "groups_before": len(before.hotspots()), "groups_after": len(after.hotspots()),
-        "ms_before": 1e3 * statistics.median(times["before"]), "ms_after": 1e3 * statistics.median(times["after"]),
-        "ratio": statistics.median(ratios), "q1": q1, "q3": q3,
+        "ms_before": t["before_us"] / 1e3, "ms_after": t["after_us"] / 1e3,
+        "ratio": t["paired"], "q1": q1, "q3": q3,
     }
 
 
@@ -117,7 +104,7 @@ def main(argv=None) -> int:
           "| step ms before | after | after/before | IQR |")
     print("|---|---|--:|---|---|--:|--:|--:|--:|---|")
     for z in zoo:
-        m = measure(z, args.batch, rounds)
+        m = model_row(z, args.batch, rounds)
         print(f"| {z.name} | {z.library} | {m['causes']} | {'yes' if m['pinned'] else 'no'} | {m['top']} "
               f"| {m['groups_before']} -> {m['groups_after']} | {m['ms_before']:.1f} | {m['ms_after']:.1f} "
               f"| {m['ratio']:.3f} | {m['q1']:.3f}-{m['q3']:.3f} |", flush=True)
