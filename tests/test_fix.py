@@ -529,3 +529,17 @@ def test_swaps_apply_to_subclasses_of_the_torch_module():
     assert done["applied"].all()
     torch.testing.assert_close(model(x), ref)
     assert forward_hotspots(auditor.audit(model, x)).empty
+
+
+class TemperedSoftmax(nn.Softmax):
+    """A subclass that computes something else: its own forward."""
+
+    def forward(self, x):
+        return super().forward(x / 2)
+
+
+def test_a_subclass_with_its_own_forward_is_not_swapped():
+    model = nn.Sequential(nn.Conv2d(3, 4, 1), TemperedSoftmax(dim=1))
+    with pytest.raises(ValueError, match="forward of its own"):
+        fix.swap_module(model, "1")
+    assert type(model[1]) is TemperedSoftmax

@@ -109,15 +109,21 @@ SWAPS = {
 
 def swap_module(model: nn.Module, name: str) -> nn.Module:
     """Replace the submodule ``name`` by its format-keeping version (see :data:`SWAPS`);
-    returns the new module. Parameters are shared, not copied."""
+    returns the new module. Parameters are shared, not copied.
+
+    A subclass of a type in :data:`SWAPS` is swapped only if it computes what that type does
+    (it keeps its ``forward``); one with a ``forward`` of its own is refused."""
     try:
         old = model.get_submodule(name)
     except AttributeError:
         raise ValueError(f"the model has no module named {name!r}") from None
-    entry = next((SWAPS[t] for t in type(old).__mro__ if t in SWAPS), None)  # subclasses too
-    if entry is None:
+    base = next((t for t in type(old).__mro__ if t in SWAPS), None)
+    if base is None:
         raise ValueError(f"no format-keeping replacement for {type(old).__name__} ({name!r})")
-    new = entry[0](old)
+    if type(old).forward is not base.forward:
+        raise ValueError(f"{type(old).__name__} ({name!r}) has a forward of its own, not {base.__name__}'s: "
+                         "its format-keeping replacement could compute other values")
+    new = SWAPS[base][0](old)
     parent, _, attr = name.rpartition(".")
     setattr(model.get_submodule(parent) if parent else model, attr, new)
     return new
