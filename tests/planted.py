@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from kernels import convs_that_lose
 
 CL, CL3 = torch.channels_last, torch.channels_last_3d
 
@@ -406,3 +407,16 @@ def make_cause(name: str, fixed: bool = False, seed: int = 0, shape: tuple[int, 
     torch.manual_seed(seed + 1)
     x = torch.randn(*shape).to(memory_format=fmt)
     return model, x
+
+
+def absent_here(name: str) -> str:
+    """Why the cause ``name`` plants cannot happen on this machine, or ``""`` where it can: a
+    cause that is a missing convolution kernel happens only where the machine lacks the kernel
+    (a float32 Conv3d at batch 1 runs without a channels_last_3d kernel on the CPUs this was
+    written on; another may have one)."""
+    if not any(pattern == "conv_no_kernel" for *_, pattern in CAUSE_MODELS[name][2]):
+        return ""
+    model, x = make_cause(name)
+    if convs_that_lose(model, (x,)):
+        return ""
+    return f"{name}: every convolution of it has a channels_last kernel on this machine, so its planted cause does not happen"

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+
 import pandas as pd
 import pytest
 import torch
+import torch.nn as nn
 import torchvision
+from kernels import support_here
 from planted import EXPECTED, MODELS, make
 
 import auditor
@@ -136,10 +140,14 @@ def test_coverage_counts_and_support(audits):
     assert {"op", "device", "dtype", "calls", "cl_calls", "preserves", "loses", "support", "torch_version"} <= set(cov.columns)
     soft = cov[cov["op"] == "aten._softmax.default"].iloc[0]
     assert (soft["device"], soft["dtype"], soft["calls"], soft["cl_calls"], soft["loses"]) == ("cpu", "float32", 1, 1, 1)
-    assert soft["support"] == "none"
-    assert cov[cov["op"] == "aten._softmax_backward_data.default"]["support"].iloc[0] == "none"
+    # what this machine's kernels do with the model's channels_last images, asked of them
+    softmax = functools.partial(torch.softmax, dim=1)
+    assert soft["support"] == support_here(softmax, (2, 8, 8, 8))
+    assert cov[cov["op"] == "aten._softmax_backward_data.default"]["support"].iloc[0] == support_here(
+        softmax, (2, 8, 8, 8), backward=True)
     conv = cov[cov["op"] == "aten.convolution.default"].iloc[0]
-    assert conv["support"] == "full"
+    assert conv["support"] == support_here(nn.Conv2d(8, 8, 3, padding=1).to(memory_format=torch.channels_last),
+                                           (2, 8, 8, 8))
     assert cov["calls"].sum() == len(audits["softmax"].events)
     cat = audits["mixed_cat"].coverage().set_index("op").loc["aten.cat.default"]
     assert (cat["cl_calls"], cat["converts"], cat["loses"]) == (1, 1, 0)

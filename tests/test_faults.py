@@ -1001,13 +1001,13 @@ def _compile_case(backend: str):
     torch._dynamo.reset()
     model, x = _small_conv_net()
     compiled = torch.compile(model, backend=backend)
-    compiled(x)  # compiled before the block
-    return model, compiled, x
+    first = compiled(x)  # compiled before the block
+    return model, compiled, x, first
 
 
 @pytest.mark.parametrize("backend", ["eager", "inductor"])  # inductor: 9 s with a cold cache here
 def test_compile_runs_eagerly_is_marked_and_said_once(backend):
-    model, compiled, x = _compile_case(backend)
+    model, compiled, x, first = _compile_case(backend)
     expected = model(x)
     eager = auditor.audit(model, x, record_time=False)
     model.zero_grad(set_to_none=True)
@@ -1032,7 +1032,9 @@ def test_compile_runs_eagerly_is_marked_and_said_once(backend):
     assert said == [f"auditor: {int(ev['compiled'].sum())} recorded ops ran inside torch.compile'd code (events with "
                     "compiled=True, their backward included); under a Python dispatch mode Dynamo runs that code "
                     "eagerly, so the audit shows the eager ops and their layouts, not the compiled graph's kernels"]
-    assert torch.equal(compiled(x), expected)  # and the compiled code still runs after
+    # and the compiled code still runs after, as before: Inductor's generated kernels need not
+    # round as ATen's do (they differ where ATen runs AVX2 kernels), so it is compared to itself
+    assert torch.equal(compiled(x), first)
 
 
 def test_compile_no_warning_without_compiled_code():
