@@ -15,9 +15,10 @@ The package is split by layer, each importing only the ones before it: ``recordi
 code is laid out".
 """
 
-import sys as _sys
-
-from .api import audit
+from . import _deprecated
+from ._api import audit
+from ._result import Audit, diff
+from ._session import FormatAuditor
 from .fix import (
     convert_conv2d_weight_memory_format,
     convert_conv3d_weight_memory_format,
@@ -26,16 +27,17 @@ from .fix import (
     to_channels_last,
 )
 from .plan import apply_plan, plan_layout
-from .recording import formats, log, rules
-from .recording import mode as recorder
-from .recording.formats import format_label
-from .recording.mode import FormatLossError
-from .result import Audit, diff
-from .session import FormatAuditor
+from .recording._formats import format_label
+from .recording._mode import FormatLossError
 
-# Module paths of release 0.1, kept importable (``from auditor.formats import format_label``).
-for _name, _module in {"formats": formats, "rules": rules, "recorder": recorder, "log": log}.items():
-    _sys.modules.setdefault(f"{__name__}.{_name}", _module)
+_deprecated.install()
+
+
+def __getattr__(name: str):
+    """The modules of release 0.1 (``auditor.formats``, ``rules``, ``recorder``, ``log``) and
+    those that went private, under their old names, with a ``DeprecationWarning``."""
+    return _deprecated.moved_attribute(__name__, name)
+
 
 __all__ = [
     "Audit",

@@ -26,12 +26,12 @@ from matplotlib.figure import Figure
 from matplotlib.font_manager import FontProperties
 
 from . import analysis
-from .display.tables import shorten
-from .display.units import QUANTITIES
-from .recording import rules
-from .recording.csvfile import atomic_write
-from .recording.formats import base_format
-from .result import Audit
+from ._result import Audit
+from .display._text import shorten
+from .display._units import QUANTITIES
+from .recording import _rules as rules
+from .recording._csv import atomic_write
+from .recording._formats import base_format
 
 
 class AuditFigure(Figure):

@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterable
 
 import pandas as pd
 
-from .api import audit
-from .result import Audit
-from .session import FormatAuditor
+from ._api import audit
+from ._result import Audit
+from ._session import FormatAuditor
 
 _PHASES = ("forward", "backward", "other")
 

@@ -44,8 +44,8 @@ except ImportError:  # run from a checkout without the editable install
 from planted import CAUSE_MODELS, make_cause  # noqa: E402
 from zoo_patches import ZOO, patched  # noqa: E402
 
-from auditor.plan.decide import ratios  # noqa: E402
-from auditor.session import run_step  # noqa: E402
+from auditor._session import run_step  # noqa: E402
+from auditor.plan._decide import ratios  # noqa: E402
 
 WARMUP_ROUNDS = 2
 QUICK_ROUNDS = 5

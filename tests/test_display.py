@@ -18,9 +18,9 @@ import torch.nn as nn
 
 import auditor
 from auditor.display import progress
-from auditor.display.html import short_path, source_html, table_html
+from auditor.display._html import short_path, source_html, table_html
 from auditor.distributed import RankAudits
-from auditor.recording import sources
+from auditor.recording import _cells as sources
 
 ROOT = Path(__file__).resolve().parent.parent
 HERE = str(Path(__file__).resolve())

@@ -24,7 +24,7 @@ from planted import make
 from torch._subclasses.fake_tensor import FakeTensor
 
 import auditor
-import auditor.fake as fake_module
+import auditor._fake as fake_module
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from zoo import EXTRA_KWARGS, ICE_LAKE_MODELS, input_size  # noqa: E402
@@ -303,7 +303,7 @@ def test_fake_cuda_forward_runs_here_with_cuda_kernels():
      (torch.float16, "aten.native_batch_norm_backward.default")],
 )
 def test_fake_cuda_backward_runs_here(dtype, batch_norm):
-    """The engine never sees a cuda node (see auditor.fake._DeviceShim); the log never sees meta."""
+    """The engine never sees a cuda node (see auditor._fake._DeviceShim); the log never sees meta."""
     model, x = zoo_model("resnet18")
     a = auditor.audit(model, x, fake=True, device="cuda", dtype=dtype)
     assert a.complete

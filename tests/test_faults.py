@@ -48,9 +48,9 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
 import auditor
-from auditor.recording import log
-from auditor.recording.mode import RecorderMode
-from auditor.recording.profile import ProfileSession
+from auditor.recording import _log as log
+from auditor.recording._mode import RecorderMode
+from auditor.recording._profile import ProfileSession
 
 # -- the CSV file (item 7) ----------------------------------------------------------------------
 #
@@ -676,9 +676,9 @@ def _patch(monkeypatch, target: str, replacement) -> None:
 @pytest.mark.parametrize(
     "target, replacement, error",
     [
-        ("auditor.recording.profile.ProfileSession.start", _raise_keyboard_interrupt, KeyboardInterrupt),
-        ("auditor.recording.modules.register_module_forward_hook", _raise_keyboard_interrupt, KeyboardInterrupt),
-        ("auditor.recording.mode.RecorderMode.__enter__", _pushed_then_interrupted, KeyboardInterrupt),
+        ("auditor.recording._profile.ProfileSession.start", _raise_keyboard_interrupt, KeyboardInterrupt),
+        ("auditor.recording._modules.register_module_forward_hook", _raise_keyboard_interrupt, KeyboardInterrupt),
+        ("auditor.recording._mode.RecorderMode.__enter__", _pushed_then_interrupted, KeyboardInterrupt),
         ("torch.optim.optimizer.register_optimizer_step_post_hook", _raise_keyboard_interrupt, KeyboardInterrupt),
     ],
     ids=["profiler start", "module hook", "mode pushed, then interrupted", "optimizer hook"],
@@ -714,11 +714,11 @@ def _stopped_then_interrupted(self):
 @pytest.mark.parametrize(
     "target, replacement, error",
     [
-        ("auditor.result.Audit.from_raw", _raise_keyboard_interrupt, KeyboardInterrupt),
-        ("auditor.recording.log.build_frames", lambda raw: 1 / 0, ZeroDivisionError),
-        ("auditor.recording.profile.ProfileSession.stop", _stopped_then_interrupted, KeyboardInterrupt),
-        ("auditor.recording.mode.RecorderMode.__exit__", _failing_exit, RuntimeError),
-        ("auditor.recording.modules.ForwardModuleTracker._fw_post_hook", _raise_keyboard_interrupt, KeyboardInterrupt),
+        ("auditor._result.Audit.from_raw", _raise_keyboard_interrupt, KeyboardInterrupt),
+        ("auditor.recording._log.build_frames", lambda raw: 1 / 0, ZeroDivisionError),
+        ("auditor.recording._profile.ProfileSession.stop", _stopped_then_interrupted, KeyboardInterrupt),
+        ("auditor.recording._mode.RecorderMode.__exit__", _failing_exit, RuntimeError),
+        ("auditor.recording._modules.ForwardModuleTracker._fw_post_hook", _raise_keyboard_interrupt, KeyboardInterrupt),
     ],
     ids=["building the audit", "building the frames", "profiler stop", "mode exit", "interrupted inside the block"],
 )
@@ -1211,3 +1211,27 @@ def test_cli_models_with_the_same_factory_name_get_distinct_folders(factories, t
     assert main(argv) == 0
     assert sorted(p.name for p in out.iterdir()) == ["small", "small-2"]
     assert all((out / name / "events.csv").exists() for name in ("small", "small-2"))
+
+
+# -- a torch without the private entry points the recorder uses -------------------------------------
+
+
+def test_a_missing_private_entry_point_is_named_with_the_torch_version(monkeypatch):
+    from auditor.recording import _torch
+
+    name = "torch._C._current_graph_task_id"
+    monkeypatch.setattr(_torch, "MISSING", {name: _torch.Missing(name, "not found")})
+    with pytest.raises(_torch.TorchInternalsError, match=rf"torch\._C\._current_graph_task_id.*torch "
+                                                         rf"{re.escape(torch.__version__)}.*tested on torch 2\."):
+        with auditor.FormatAuditor():
+            pass
+    assert not _get_current_dispatch_mode_stack()  # nothing was left behind
+    stand_in = _torch.lookup("torch._C._no_such_binding_anywhere")
+    assert not stand_in and isinstance(stand_in, _torch.Missing)
+    with pytest.raises(_torch.TorchInternalsError, match="_no_such_binding_anywhere"):
+        stand_in()
+    monkeypatch.setattr(_torch, "MISSING", {})
+    _torch.require_recorder()
+    monkeypatch.setitem(_torch.ATTRIBUTES, "Tensor._is_view", False)
+    with pytest.raises(_torch.TorchInternalsError, match="Tensor._is_view"):
+        _torch.require_recorder()

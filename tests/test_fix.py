@@ -431,8 +431,8 @@ class Small(nn.Module):
 
 @pytest.fixture
 def fast_measurements(monkeypatch):
-    monkeypatch.setattr(plan.timing, "SAMPLE_US", 500.0)
-    monkeypatch.setattr(plan.timing, "MODEL_SAMPLE_US", 1000.0)
+    monkeypatch.setattr(plan._harness, "SAMPLE_US", 500.0)
+    monkeypatch.setattr(plan._harness, "MODEL_SAMPLE_US", 1000.0)
 
 
 @pytest.mark.parametrize("train", [False, True])

@@ -2,11 +2,11 @@
 
 import pytest
 import torch
-from auditor.formats import format_label, is_dense, nbytes, physical_order
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from auditor.recording import formats
+from auditor.recording import _formats as formats
+from auditor.recording._formats import format_label, is_dense, nbytes, physical_order
 
 CL, CL3 = torch.channels_last, torch.channels_last_3d
 

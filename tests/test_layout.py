@@ -12,13 +12,13 @@ PACKAGE = Path(__file__).resolve().parent.parent / "auditor"
 
 #: Each layer may import the layers before it. The README's "How the code is laid out".
 LAYERS = [
-    ("recording",),
+    ("recording", "_deprecated"),
     ("analysis",),
     ("display",),
-    ("result", "session"),
+    ("_result", "_session"),
     ("fix",),
     ("plan",),
-    ("api", "fake", "distributed", "plot", "cli", "demo", "testing", "pytest_plugin", "__main__", "__init__"),
+    ("_api", "_fake", "distributed", "plot", "cli", "demo", "testing", "pytest_plugin", "__main__", "__init__"),
 ]
 RANK = {name: i for i, names in enumerate(LAYERS) for name in names}
 
@@ -77,8 +77,10 @@ def test_imports_flow_down_and_take_no_private_names(name):
         there = _layer(target) if target else RANK["__init__"]
         assert there <= here, f"{name} (layer {here}) imports {target} (layer {there})"
         if there == here and target.split(".")[0] != name.split(".")[0]:
-            # side by side in one layer: only the entry points may use each other
-            assert here == len(LAYERS) - 1 or (name, target) in {("session", "result")}, (name, target)
+            # side by side in one layer: only the entry points may use each other, and every
+            # package its own old names (the deprecated paths)
+            assert here == len(LAYERS) - 1 or (name, target) in {("_session", "_result")} or target == "_deprecated", (
+                name, target)
         private = [n for n in names if n.startswith("_") and not n.startswith("__")]
         assert not private, f"{name} imports private {private} from {target}"
 
@@ -124,3 +126,41 @@ def test_no_module_is_hidden_by_a_name_of_its_package():
         pkg = importlib.import_module(f"auditor.{package}")
         module = importlib.import_module(f"auditor.{name}")
         assert getattr(pkg, leaf, module) is module, f"auditor.{package}.{leaf} is not the module"
+
+
+#: The one module that names torch's private entry points (README, "Which torch").
+FENCE = "recording._torch"
+
+
+def _private_torch_names(tree: ast.AST) -> list[str]:
+    """Private torch modules and functions a module's code names: ``from torch._x import``,
+    ``from torch.utils import _pytree``, ``import torch._dynamo``, ``torch._C.f``."""
+    found = []
+    inner = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Attribute)}  # a chain counts once
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "torch":
+            parts = node.module.split(".") + [a.name for a in node.names]
+            found += [node.module] if any(p.startswith("_") and not p.startswith("__") for p in parts) else []
+        elif isinstance(node, ast.Import):
+            found += [a.name for a in node.names if a.name.startswith("torch.")
+                      and any(p.startswith("_") for p in a.name.split("."))]
+        elif isinstance(node, ast.Attribute) and id(node) not in inner:
+            chain, value = [node.attr], node.value
+            while isinstance(value, ast.Attribute):
+                chain.append(value.attr)
+                value = value.value
+            if isinstance(value, ast.Name) and value.id == "torch":
+                private = [p for p in chain if p.startswith("_") and not p.startswith("__")]
+                found += [f"torch.{'.'.join(reversed(chain))}"] if private else []
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(n for n in _modules() if n != FENCE))
+def test_only_the_fence_names_private_torch_entry_points(name):
+    found = _private_torch_names(ast.parse(_modules()[name].read_text()))
+    assert not found, f"{name} uses private torch names {sorted(set(found))}: take them from auditor.{FENCE}"
+
+
+def test_the_fence_check_sees_private_names():
+    code = "import torch\nfrom torch._C import x\nfrom torch.utils import _pytree\ny = torch._C._f\nz = torch.nn.Conv2d"
+    assert _private_torch_names(ast.parse(code)) == ["torch._C", "torch.utils", "torch._C._f"]

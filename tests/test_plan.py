@@ -13,7 +13,9 @@ import torch.nn as nn
 
 from auditor import plan
 from auditor.display import progress
-from auditor.plan import cut, decide, layout
+from auditor.plan import _cut as cut
+from auditor.plan import _decide as decide
+from auditor.plan import _layout as layout
 
 
 class Twins(nn.Module):
@@ -43,8 +45,8 @@ class Shifted(nn.Module):
 
 @pytest.fixture
 def fast(monkeypatch):
-    monkeypatch.setattr(plan.timing, "SAMPLE_US", 200.0)
-    monkeypatch.setattr(plan.timing, "MODEL_SAMPLE_US", 400.0)
+    monkeypatch.setattr(plan._harness, "SAMPLE_US", 200.0)
+    monkeypatch.setattr(plan._harness, "MODEL_SAMPLE_US", 400.0)
     monkeypatch.setattr(progress, "ENABLED", False)
 
 
@@ -59,7 +61,7 @@ def fake_timer(monkeypatch, times):
         t = times(name)
         return t, t, 0.0
 
-    monkeypatch.setattr(plan.timing, "sample", sample)
+    monkeypatch.setattr(plan._harness, "sample", sample)
     return seen
 
 

@@ -18,7 +18,7 @@ from planted import make
 
 import auditor
 from auditor import plot
-from auditor.display.units import QUANTITIES, format_bytes
+from auditor.display._units import QUANTITIES, format_bytes
 
 
 @pytest.fixture(scope="module")

@@ -222,7 +222,7 @@ def test_what_a_fix_saves_on_each_kind_of_symptom():
     import numpy as np
     import pandas as pd
 
-    from auditor.analysis import timing
+    from auditor.analysis import _costs as timing
 
     ops = _ops(
         ("aten.clone.default", "converts", True, False, 1000, 50.0),  # a copy: all of it
@@ -259,7 +259,7 @@ def test_the_cost_of_a_copy_is_fitted_to_the_audits_own_copies():
     import numpy as np
     import pandas as pd
 
-    from auditor.analysis import timing
+    from auditor.analysis import _costs as timing
 
     sizes = [1000, 2000, 4000, 8000]
     ops = _ops(*[("aten.clone.default", "preserves", False, False, 0, 5.0 + 0.002 * b) for b in sizes],

@@ -6,18 +6,19 @@ the one data-flow graph (``flow``), the ops table and its hotspots on conv -> co
 returns DataFrames or plain arrays, and display is someone else's job.
 """
 
-from .activations import (
+from .._deprecated import moved_attribute
+from ._activations import (
     activation_inputs,
     floating_rows,
     image_facts,
     is_floating_dtype,
     parse_tuple,
 )
-from .causes import CAUSE_COLUMNS, CauseTracer, cause_table
-from .classification import classify
-from .flow import FlowGraph, FlowView, flow_links, reachable, view_roots
-from .paths import HOTSPOT_COLUMNS, HOTSPOT_KEYS, hotspots, ops_table
-from .summaries import coverage, diff, diff_causes, module_at_depth, naive_losses, summary
+from ._causes import CAUSE_COLUMNS, CauseTracer, cause_table
+from ._classification import classify
+from ._flow import FlowGraph, FlowView, flow_links, reachable, view_roots
+from ._ops import HOTSPOT_COLUMNS, HOTSPOT_KEYS, hotspots, ops_table
+from ._summaries import coverage, diff, diff_causes, module_at_depth, naive_losses, summary
 
 __all__ = [
     "HOTSPOT_COLUMNS",
@@ -45,3 +46,8 @@ __all__ = [
     "summary",
     "view_roots",
 ]
+
+
+def __getattr__(name: str):
+    """Modules of this package that went private, under their old names (deprecated)."""
+    return moved_attribute(__name__, name)

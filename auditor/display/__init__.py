@@ -6,3 +6,10 @@ notebook's HTML tables (``html``), the Chrome trace (``trace``) and the package'
 switch (``progress``). Imports :mod:`auditor.analysis` and :mod:`auditor.recording` names only;
 nothing here computes a finding.
 """
+
+from .._deprecated import moved_attribute
+
+
+def __getattr__(name: str):
+    """Modules of this package that went private, under their old names (deprecated)."""
+    return moved_attribute(__name__, name)

@@ -20,16 +20,17 @@ buckets (``buckets``) and gradient formats (``grads``). It imports the ``Audit``
 analysis and display; nothing imports it.
 """
 
-from .buckets import (
+from .._deprecated import moved_attribute
+from ._buckets import (
     BUCKET_COLUMNS,
     BUCKET_HOTSPOT_COLUMNS,
     COLLECTIVE_NAMESPACES,
     bucket_hotspots,
     bucket_ops,
 )
-from .files import merge_rank_audits, rank_path, save_rank_audit
-from .grads import check_grad_formats
-from .rank_audits import RankAudits, rank_differences
+from ._files import merge_rank_audits, rank_path, save_rank_audit
+from ._grads import check_grad_formats
+from ._rank_audits import RankAudits, rank_differences
 
 __all__ = [
     "BUCKET_COLUMNS",
@@ -44,3 +45,8 @@ __all__ = [
     "rank_path",
     "save_rank_audit",
 ]
+
+
+def __getattr__(name: str):
+    """Modules of this package that went private, under their old names (deprecated)."""
+    return moved_attribute(__name__, name)

@@ -6,7 +6,8 @@ Owns the conversion helpers (``convert``), per-convolution formats and input-for
 facade; never the planner or the entry points.
 """
 
-from .convert import (
+from .._deprecated import moved_attribute
+from ._convert import (
     CHANNELS_LAST,
     CHANNELS_LAST_3D,
     CHANNELS_LAST_OF_RANK,
@@ -18,14 +19,14 @@ from .convert import (
     layout_name,
     to_channels_last,
 )
-from .hooks import (
+from ._hooks import (
     InputFormat,
     keep_contiguous,
     remove_input_formats,
     set_conv_format,
     set_input_format,
 )
-from .keep_format import (
+from ._keep_format import (
     SWAPS,
     LayerNormKeepFormat,
     SoftmaxKeepFormat,
@@ -33,8 +34,8 @@ from .keep_format import (
     swap_instance_norm,
     swap_module,
 )
-from .source import module_expr
-from .suggest import EDIT, FIX_COLUMNS, FUNCTION, REGION, SWAP, WEIGHT, Fixes, suggest_fixes
+from ._source_text import module_expr
+from ._suggest import EDIT, FIX_COLUMNS, FUNCTION, REGION, SWAP, WEIGHT, Fixes, suggest_fixes
 
 __all__ = [
     "CHANNELS_LAST",
@@ -68,3 +69,8 @@ __all__ = [
     "swap_module",
     "to_channels_last",
 ]
+
+
+def __getattr__(name: str):
+    """Modules of this package that went private, under their old names (deprecated)."""
+    return moved_attribute(__name__, name)

@@ -26,17 +26,10 @@ checking outputs (``check``), the plan itself (``layout``) and applying it (``ap
 imports the fixes, the analysis and the session; nothing below imports it.
 """
 
-from .apply import AppliedPlan, apply_plan
-from .decide import Decision
-from .layout import (
-    CANDIDATE_COLUMNS,
-    CONV_COLUMNS,
-    CONVERSION_COLUMNS,
-    LayoutPlan,
-    NoisyPlanWarning,
-    plan_layout,
-)
-from .timing import (
+from .._deprecated import moved_attribute
+from ._apply import AppliedPlan, apply_plan
+from ._decide import Decision
+from ._harness import (
     MODEL_SAMPLE_US,
     SAMPLE_US,
     Rounds,
@@ -44,6 +37,14 @@ from .timing import (
     median_times,
     steady_malloc,
     time_interleaved,
+)
+from ._layout import (
+    CANDIDATE_COLUMNS,
+    CONV_COLUMNS,
+    CONVERSION_COLUMNS,
+    LayoutPlan,
+    NoisyPlanWarning,
+    plan_layout,
 )
 
 __all__ = [
@@ -64,3 +65,8 @@ __all__ = [
     "steady_malloc",
     "time_interleaved",
 ]
+
+
+def __getattr__(name: str):
+    """Modules of this package that went private, under their old names (deprecated)."""
+    return moved_attribute(__name__, name)

@@ -1,0 +1,68 @@
+"""``auditor.audit``: one audited step of a model, real or on fake tensors."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import torch
+
+from ._fake import fake_audit
+from ._result import Audit
+from ._session import check_kwargs, default_loss, record_step, run_step
+
+
+def audit(
+    model: Callable,
+    *inputs,
+    kwargs: Mapping | None = None,
+    backward: bool = True,
+    loss_fn: Callable | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    strict: bool = False,
+    record_source: bool = True,
+    record_time: bool | None = None,
+    fake: bool = False,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+    warmup: int = 0,
+) -> Audit:
+    """Run one step of ``model`` on ``inputs`` under a :class:`FormatAuditor` and return the Audit.
+
+    The step is the forward pass (``model(*inputs, **kwargs)``; ``kwargs`` is a mapping of
+    keyword arguments, ``None`` for none), then (``backward=True``)
+    ``loss_fn(output).backward()``, where the default loss is ``output.sum()``, then
+    ``optimizer.step()`` when an optimizer is given. Exceptions from the model propagate;
+    ``strict=True`` raises at the first loss. Source lines and times are recorded by default,
+    since causes name the line to change and rank by the time they cost (``record_time=False``
+    records faster, without times; fake steps run no kernels, so they record no times and
+    ``record_time=True`` with ``fake=True`` is an error).
+
+    ``fake=True`` runs the step on fake tensors (:mod:`auditor._fake`): parameters, buffers,
+    inputs and the tensors in ``kwargs`` become fakes on ``device`` and, for floating tensors,
+    ``dtype`` (by default the model's own), strides kept; the model and the optimizer are left
+    untouched.
+
+    ``warmup`` steps run unrecorded first, so that times are those of a steady step rather than
+    of the first one in the process (which sets up kernels and memory). They are real steps:
+    they update batch-norm statistics and, with an optimizer, the parameters.
+    """
+    if not callable(model):
+        raise TypeError(f"model must be callable, got {type(model).__name__}")
+    if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
+        raise ValueError(f"warmup is a number of steps, at least 0, got {warmup!r}")
+    kwargs = check_kwargs(kwargs)
+    if fake and record_time:
+        raise ValueError("fake tensors run no kernels, so a fake audit has no times: leave record_time unset")
+    record_time = not fake if record_time is None else record_time
+    loss_fn = loss_fn or default_loss
+    for _ in range(0 if fake else warmup):
+        run_step(model, inputs, kwargs=kwargs, backward=backward, loss_fn=loss_fn, optimizer=optimizer)
+    if fake:
+        return fake_audit(
+            model, inputs, kwargs=kwargs, device=device, dtype=dtype, backward=backward, loss_fn=loss_fn,
+            optimizer=optimizer, strict=strict, record_source=record_source,
+        )
+    if device is not None or dtype is not None:
+        raise ValueError("device= and dtype= apply to fake audits only: pass fake=True")
+    return record_step(model, inputs, kwargs=kwargs, backward=backward, loss_fn=loss_fn, optimizer=optimizer, strict=strict,
+                       record_source=record_source, record_time=record_time)

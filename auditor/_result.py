@@ -1,0 +1,148 @@
+"""``Audit``: the result of a recording. Plain DataFrames plus a facade over the analyzers."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from . import analysis
+from .display import progress
+from .display._html import audit_html
+from .display._report import audit_report
+from .display._trace import chrome_trace, write_chrome_trace
+from .recording import _csv as csvfile
+from .recording import _log as log
+from .recording._csv import atomic_write
+from .recording._mode import RawLog
+
+
+class Audit:
+    """The event log of one recording and the analyses over it.
+
+    Attributes:
+        events: one row per aten op call (schema in the README).
+        tensors: one row per tensor argument or result, linked to ``events`` by ``seq``.
+        hidden: one row per copy an op's kernels made inside it (a timed recording), linked
+            to ``events`` by ``seq``.
+        complete: False when the recorded code raised; the log then ends at the failure.
+        error: the exception that ended an incomplete recording, as text.
+    """
+
+    def __init__(self, events: pd.DataFrame, tensors: pd.DataFrame, *, complete: bool = True, error: str = "",
+                 hidden: pd.DataFrame | None = None):
+        self.events = events
+        self.tensors = tensors
+        self.hidden = hidden if hidden is not None else log.hidden_frame()
+        self.complete = complete
+        self.error = error
+        self._ops: pd.DataFrame | None = None
+        self._flow: analysis.FlowGraph | None = None
+        self._facts: pd.DataFrame | None = None
+        self._causes: pd.DataFrame | None = None
+
+    @classmethod
+    def from_raw(cls, raw: RawLog) -> Audit:
+        events, tensors = log.build_frames(raw)
+        return cls(events, tensors, complete=raw.complete, error=raw.error, hidden=log.build_hidden(raw))
+
+    # -- persistence -----------------------------------------------------------------------
+    def to_csv(self, path_or_buf=None):
+        """Write the audit as one CSV file (README, "The event log"); with no path, return the
+        text. ``complete`` and ``error`` are kept; a path is written atomically."""
+        return csvfile.to_csv(self.events, self.tensors, self.complete, path_or_buf, error=self.error,
+                              hidden=self.hidden)
+
+    @classmethod
+    def read_csv(cls, path_or_buf) -> Audit:
+        """Read a CSV written by :meth:`to_csv` (a path, a buffer, or the text itself), exactly.
+        A cut, edited or foreign file raises ``ValueError`` naming the line and column."""
+        read = csvfile.read_csv(path_or_buf)
+        return cls(read.events, read.tensors, complete=read.complete, error=read.error, hidden=read.hidden)
+
+    # -- analyses ----------------------------------------------------------------------------
+    def flow(self) -> analysis.FlowGraph:
+        """The data-flow graph of the log (cached): producers and consumers of every op."""
+        if self._flow is None:
+            self._flow = analysis.FlowGraph(self.events, self.tensors)
+        return self._flow
+
+    def facts(self) -> pd.DataFrame:
+        """Per tensor row, what the data flow knew about it (cached): whether it is an image,
+        where its channels run, its format label as that image, and what an ambiguous one
+        stands for (:func:`auditor.analysis.image_facts`)."""
+        if self._facts is None:
+            self._facts = analysis.image_facts(self.events, self.tensors)
+        return self._facts
+
+    def ops(self) -> pd.DataFrame:
+        """``events`` with the classification, data-flow and cause columns (cached)."""
+        if self._ops is None:
+            # seconds on a large audit: a bar over the stages (display.progress decides whether)
+            with progress.bar(4, "analysing the audit", work=len(self.events), min_work=progress.LARGE_AUDIT,
+                              unit="stage") as bar:
+                with progress.stage(bar, "facts"):
+                    facts = self.facts()
+                with progress.stage(bar, "flow"):
+                    flow = self.flow()
+                with progress.stage(bar, "classification"):
+                    ops = analysis.ops_table(self.events, self.tensors, flow, facts)
+                with progress.stage(bar, "causes"):
+                    causes, event_cause = analysis.cause_table(
+                        analysis.FlowView(ops, flow), facts, analysis.coverage(ops, self.tensors), self.hidden)
+            # a recording-mode artifact that nothing explains is no hotspot of the plain run
+            self._ops = ops.assign(cause=event_cause, hotspot=ops["hotspot"].to_numpy() & (event_cause > 0))
+            self._causes = causes
+        return self._ops
+
+    def causes(self) -> pd.DataFrame:
+        """One row per cause: the op and line where an activation first left its format, with
+        the hotspots it leads to (its symptoms, forward and backward), most bytes first."""
+        self.ops()
+        return self._causes.copy()
+
+    def hotspots(self) -> pd.DataFrame:
+        """Losses and conversions on conv -> ... -> conv paths, grouped, largest bytes first;
+        ``cause`` names the row of :meth:`causes` each belongs to."""
+        return analysis.hotspots(self.ops())
+
+    def summary(self, depth: int = 1) -> pd.DataFrame:
+        """Per-module totals at ``depth`` (1 = children of the root), in execution order."""
+        return analysis.summary(self.ops(), depth)
+
+    def coverage(self) -> pd.DataFrame:
+        """Per aten op: how often it preserved or lost channels_last on this device and dtype."""
+        return analysis.coverage(self.ops(), self.tensors)
+
+    def report(self, top: int = 10, depth: int = 1) -> str:
+        """A one-screen text report: totals, the ``top`` causes with their symptoms folded under
+        them, and the modules at ``depth`` that cost most."""
+        return audit_report(self.ops(), self.hotspots(), self.summary(depth), self.causes(),
+                            complete=self.complete, error=self.error, top=top, depth=depth)
+
+    def chrome_trace(self) -> dict:
+        """The audit as a Chrome trace (:mod:`auditor.display._trace`), a dict."""
+        return chrome_trace(self.ops(), self.hidden, self.causes())
+
+    def export_chrome_trace(self, path) -> None:
+        """Write the audit as a Chrome trace JSON file (the name ``torch.profiler`` uses) for
+        Perfetto or chrome://tracing: a slice per op on a track per phase, coloured by kind,
+        hidden copies nested in their op, and an arrow from each cause to its symptoms."""
+        atomic_write(path, lambda tmp: write_chrome_trace(self.chrome_trace(), tmp))
+
+    def __repr__(self) -> str:
+        state = "complete" if self.complete else "incomplete"
+        return f"<Audit {len(self.events)} ops, {len(self.tensors)} tensors, {state}>"
+
+    def _repr_html_(self, top: int = 10, depth: int = 1) -> str:
+        """The report as HTML tables (:func:`auditor.display._html.audit_html`), for notebooks."""
+        return audit_html(self.ops(), self.hotspots(), self.summary(depth), self.causes(),
+                          complete=self.complete, error=self.error, top=top, depth=depth)
+
+
+def diff(before: Audit, after: Audit, include_unchanged: bool = False, by: str = "group") -> pd.DataFrame:
+    """What appeared, vanished or changed between two audits: hotspot groups (``by="group"``)
+    or causes (``by="cause"``, with the hotspots and bytes each leads to)."""
+    if by == "cause":
+        return analysis.diff_causes(before.causes(), after.causes(), include_unchanged)
+    if by != "group":
+        raise ValueError(f"by is 'group' or 'cause', got {by!r}")
+    return analysis.diff(before.hotspots(), after.hotspots(), include_unchanged)

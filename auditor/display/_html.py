@@ -1,0 +1,197 @@
+"""HTML for notebooks: pandas' own tables (``DataFrame.style``), numbers written as the text
+report writes them, and source lines shown whole.
+
+A ``file:line`` cell shows the path relative to the working directory, its project or the
+installed packages (``torchvision/models/resnet.py:150``), never cut, with the recorded path in
+its tooltip. :func:`table_html` is the one table renderer every displayed object uses.
+"""
+
+from __future__ import annotations
+
+import functools
+import html
+import os
+import site
+import sysconfig
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+import pandas as pd
+
+from ._report import total_lines
+from ._units import format_bytes, format_us
+
+#: Modules shown under the causes and hotspot groups (as many as the text report shows).
+MODULES_SHOWN = 5
+
+#: Columns shown as ``file:line``, whole, with the recorded path as tooltip.
+SOURCE_COLUMNS = ("source",)
+#: Columns of prose or code: they wrap, and are left aligned; code in a fixed-width font.
+TEXT_COLUMNS = ("fix", "detail", "suggestion", "line")
+CODE_COLUMNS = ("suggestion", "line")
+#: Folders that mark a project's root.
+PROJECT_MARKERS = (".git", "pyproject.toml", "setup.py", "setup.cfg")
+
+_TEXT_CSS = "text-align: left; vertical-align: top"
+_NUMBER_CSS = "text-align: right; vertical-align: top; white-space: nowrap"
+
+
+def table_html(frame: pd.DataFrame, *, columns: Mapping[str, str] | Sequence[str] | None = None,
+               formats: Mapping[str, Callable | str] | None = None, sources: Iterable[str] = SOURCE_COLUMNS,
+               caption: str = "", max_rows: int | None = None, more: str = "") -> str:
+    """``frame`` as an HTML table (pandas' Styler): every text cell escaped, numbers as the
+    report writes them, source columns whole with their path in a tooltip, no index.
+
+    Args:
+        columns: the columns to show, in order; a mapping also renames them (``{"source":
+            "file:line"}``). Default: all.
+        formats: column -> a callable or a format string, over :func:`default_formats`.
+        sources: columns holding ``path:line`` values (:func:`source_html`).
+        caption: the table's caption (plain text).
+        max_rows: rows shown; past them a line says how many more, naming ``more`` (``"Audit.causes()"``).
+    """
+    shown = frame if max_rows is None else frame.head(max_rows)
+    names = dict(columns) if isinstance(columns, Mapping) else {c: c for c in (columns or frame.columns)}
+    names = {c: n for c, n in names.items() if c in shown.columns}
+    fmt = {**default_formats(shown), **(formats or {})}
+    sources = [c for c in sources if c in names]
+    view = shown[list(names)].rename(columns=names).reset_index(drop=True)  # Styler wants a unique index
+    styler = view.style.format(escape="html", na_rep="-").format_index(escape="html", axis=1).hide(axis="index")
+    # each later format() names its subset: one without resets the other columns' escaping
+    formatted = {names[c]: _escaped(f) for c, f in fmt.items() if c in names and c not in sources}
+    if formatted:
+        styler = styler.format(formatted, subset=list(formatted), na_rep="-")
+    if sources:
+        styler = styler.format(source_html, subset=[names[c] for c in sources])
+    css = {}
+    for c, n in names.items():
+        if c in sources:
+            props = f"{_TEXT_CSS}; white-space: nowrap"
+        elif c in TEXT_COLUMNS:
+            props = f"{_TEXT_CSS}; white-space: normal; min-width: 24em"
+            props += "; font-family: monospace" if c in CODE_COLUMNS else ""
+        elif c in fmt or pd.api.types.is_numeric_dtype(shown[c]):
+            props = _NUMBER_CSS
+        else:
+            props = _TEXT_CSS
+        css[n] = [{"selector": "td", "props": props}]
+    styler = styler.set_table_styles(css, overwrite=False)
+    if caption:
+        styler = styler.set_caption(html.escape(caption))
+    out = styler.to_html()
+    if len(frame) > len(shown):
+        out += _paragraph(f"... and {len(frame) - len(shown)} more" + (f" ({more})" if more else ""))
+    return out
+
+
+def _escaped(f: Callable | str) -> Callable[[object], str]:
+    """A cell formatter whose text is escaped."""
+    return lambda v: html.escape(f.format(v) if isinstance(f, str) else str(f(v)))
+
+
+def default_formats(frame: pd.DataFrame) -> dict[str, Callable]:
+    """Formats by column name: bytes (``bytes``, ``*_bytes``, ``bytes_*``) as ``802.8 kB``,
+    times in µs (``*_us``) as ``404.7 µs``, ``share`` as a percentage."""
+    out: dict[str, Callable] = {}
+    for c in frame.columns:
+        name = str(c)
+        if name == "bytes" or name.endswith("_bytes") or name.startswith("bytes_"):
+            out[c] = format_bytes
+        elif name.endswith("_us"):
+            out[c] = format_us
+        elif name == "share":
+            out[c] = "{:.1%}".format
+    return out
+
+
+def source_html(source) -> str:
+    """One ``path:line`` as escaped HTML: the short path (:func:`short_path`) and line, with
+    the recorded one in its ``title`` tooltip. Anything else (a notebook cell's name) as is."""
+    source = "" if source is None else str(source)
+    path, sep, line = source.rpartition(":")
+    short = f"{short_path(path)}:{line}" if sep and line.isdigit() else source
+    return f'<span title="{html.escape(source, quote=True)}">{html.escape(short)}</span>' if source else ""
+
+
+def short_path(path: str) -> str:
+    """``path`` relative to the deepest folder holding it among the working directory, its
+    project root and the installed packages' folders (site-packages); else unchanged."""
+    if not os.path.isabs(path):
+        return path
+    path = os.path.normpath(path)
+    best = ""
+    for base in _bases(os.getcwd()):
+        if len(base) > len(best) and path.startswith(base + os.sep):
+            best = base
+    return os.path.relpath(path, best) if best else path
+
+
+@functools.lru_cache(maxsize=8)
+def _bases(cwd: str) -> tuple[str, ...]:
+    """The folders paths are shown relative to, for this working directory."""
+    found = [cwd]
+    here = cwd
+    while os.path.dirname(here) != here:
+        if any(os.path.exists(os.path.join(here, m)) for m in PROJECT_MARKERS):
+            found.append(here)
+            break
+        here = os.path.dirname(here)
+    paths = sysconfig.get_paths()
+    found += [paths.get("purelib", ""), paths.get("platlib", ""), paths.get("stdlib", "")]
+    try:
+        found += [*site.getsitepackages(), site.getusersitepackages()]
+    except AttributeError:  # an old virtualenv's site module
+        pass
+    # the file system's root is no folder to be relative to
+    return tuple({os.path.normpath(b) for b in found if b and os.path.dirname(os.path.normpath(b)) != b})
+
+
+def audit_html(ops: pd.DataFrame, hot: pd.DataFrame, summary: pd.DataFrame, causes: pd.DataFrame | None = None,
+               *, complete: bool = True, error: str = "", top: int = 10, depth: int = 1) -> str:
+    """The report (:func:`~auditor.display._report.audit_report`) as HTML: the totals, the
+    ``top`` causes, the hotspot groups and the modules at ``depth`` as tables."""
+    parts = [header_html(total_lines(ops, hot, causes, complete, error))]
+    if not len(hot):
+        parts.append(_paragraph("No losses or conversions between convolutions: channels_last propagates."))
+        return _block(parts)
+    timed = causes is not None and "saving_us" in causes and causes["saving_us"].notna().any()
+    if causes is not None and len(causes):
+        cols = {"cause": "cause", "pattern": "pattern", "phase": "phase", "op": "op", "module": "module",
+                "module_type": "type", "source": "file:line", "hotspots": "hotspots", "bytes": "bytes"}
+        if timed:
+            cols |= {"time_us": "time", "saving_us": "saving"}
+        cols["fix"] = "fix"
+        order = "most time saved" if timed else "most bytes"
+        parts.append(table_html(causes, columns=cols, max_rows=top, more="Audit.causes()",
+                                caption=f"Causes, {order} first ({len(causes)})"))
+    cols = {"cause": "cause", "phase": "phase", "module": "module", "op": "op", "kind": "kind",
+            "from_format": "from", "to_format": "to", "count": "count", "bytes": "bytes"}
+    if "time_us" in hot and hot["time_us"].notna().any():
+        cols["time_us"] = "time"
+    cols["source"] = "file:line"
+    parts.append(table_html(hot, columns=cols, max_rows=top, more="Audit.hotspots()",
+                            caption=f"Hotspot groups ({len(hot)})"))
+    mod_timed = "time_us" in summary and summary["time_us"].notna().any()
+    summ = summary[(summary["bytes"] > 0) & (summary["hotspots"] > 0)]
+    summ = summ.sort_values("time_us" if mod_timed else "bytes", ascending=False)
+    cols = ["module", "hotspots", "bytes", "share"] + (["time_us"] if mod_timed else [])
+    parts.append(table_html(summ, columns={c: "time" if c == "time_us" else c for c in cols},
+                            max_rows=MODULES_SHOWN, more=f"Audit.summary({depth})",
+                            caption=f"Modules with most hotspot {'time' if mod_timed else 'bytes'} (depth {depth})"))
+    return _block(parts)
+
+
+def header_html(lines: Sequence[str]) -> str:
+    """Report lines as a short header: the first in bold, the rest under it."""
+    if not lines:
+        return ""
+    first, *rest = lines
+    body = "".join(f"<br>{html.escape(r.strip())}" for r in rest)
+    return f"<p><b>{html.escape(first)}</b>{body}</p>"
+
+
+def _paragraph(text: str) -> str:
+    return f"<p>{html.escape(text)}</p>"
+
+
+def _block(parts: Iterable[str]) -> str:
+    return "<div>" + "\n".join(p for p in parts if p) + "</div>"

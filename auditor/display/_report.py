@@ -1,0 +1,143 @@
+"""The audit's one-screen text report, from the analysis tables: causes first, their symptoms
+folded under them."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pandas as pd
+
+from ..recording import _rules as rules
+from ._text import shorten
+from ._units import format_bytes, format_us
+
+#: Symptoms listed under one cause before "... and N more".
+SYMPTOMS_SHOWN = 4
+
+
+def audit_report(ops: pd.DataFrame, hot: pd.DataFrame, summary: pd.DataFrame, causes: pd.DataFrame | None = None,
+                 *, complete: bool = True, error: str = "", top: int = 10, depth: int = 1) -> str:
+    """Totals, the ``top`` causes with the hotspots they lead to, and the modules at ``depth``
+    that cost most.
+
+    ``ops``, ``hot``, ``summary`` and ``causes`` are :func:`~auditor.analysis.ops_table`,
+    :func:`~auditor.analysis.hotspots`, :func:`~auditor.analysis.summary` and
+    :func:`~auditor.analysis.cause_table` of one audit (without causes, the hotspot groups are
+    listed on their own).
+    """
+    lines = total_lines(ops, hot, causes, complete, error)
+    if len(hot):
+        lines.append("")
+        lines.extend(_cause_lines(causes, hot, top) if causes is not None and len(causes) else _hotspot_lines(hot, top))
+        timed = "time_us" in summary and summary["time_us"].notna().any()
+        summ = summary[(summary["bytes"] > 0) & (summary["hotspots"] > 0)]
+        summ = summ.sort_values("time_us" if timed else "bytes", ascending=False).head(5)
+        lines.append("")
+        lines.append(f"Modules with most hotspot {'time' if timed else 'bytes'} (depth {depth}):")
+        for r in summ.itertuples():
+            when = f" {format_us(r.time_us):>9}" if timed else ""
+            lines.append(f"  {r.module:30} {r.hotspots:>4} hotspots {format_bytes(r.bytes):>9} {r.share:6.1%}{when}")
+    else:
+        lines.append("  No losses or conversions between convolutions: channels_last propagates.")
+    return "\n".join(lines)
+
+
+def total_lines(ops: pd.DataFrame, hot: pd.DataFrame, causes, complete: bool, error: str) -> list[str]:
+    """The report's head: ops per phase and kind, hotspot totals, times; the HTML shows it too."""
+    phases = ops["phase"].value_counts()
+    lines = [
+        f"Format audit: {len(ops)} aten ops "
+        f"({phases.get('forward', 0)} forward, {phases.get('backward', 0)} backward, "
+        f"{phases.get('other', 0)} other)" + ("" if complete else f"  [INCOMPLETE: {error}]"),
+    ]
+    kinds = ops["kind"].value_counts()
+    lines.append(
+        "  ops by kind: " + ", ".join(f"{k} {int(kinds.get(k, 0))}" for k in kinds.index if kinds.get(k, 0))
+    )
+    hot_ops = ops[ops["hotspot"]]
+    by_phase = hot_ops.groupby("phase", observed=False)["bytes"].sum()
+    n_causes = f"{len(causes)} cause{'s' if len(causes) != 1 else ''} -> " if causes is not None else ""
+    lines.append(
+        f"Hotspots: {n_causes}{len(hot)} groups, {len(hot_ops)} ops, {format_bytes(hot_ops['bytes'].sum())} moved "
+        f"(forward {format_bytes(by_phase.get('forward', 0))}, backward {format_bytes(by_phase.get('backward', 0))})"
+    )
+    if "time_us" in ops and ops["time_us"].notna().any():
+        lines.extend(_time_lines(ops, causes))
+    independent = ops[ops["layout_independent"]] if "layout_independent" in ops else ops.iloc[:0]
+    if len(independent):
+        lines.append(
+            f"  layout-independent copies (they happen in any layout; not hotspots): {len(independent)} ops, "
+            f"{format_bytes(independent['bytes'].sum())}"
+        )
+    costly = ops["kind"].isin(rules.COSTLY_KINDS) & ~ops["hotspot"]
+    if "layout_independent" in ops:
+        costly &= ~ops["layout_independent"]
+    off_path = ops[costly]
+    if len(off_path):
+        lines.append(
+            f"  not between two convolutions (not hotspots): {len(off_path)} ops, "
+            f"{format_bytes(off_path['bytes'].sum())}"
+        )
+    return lines
+
+
+def _time_lines(ops: pd.DataFrame, causes) -> list[str]:
+    """Where the step's time went: the ops, the hotspots among them, and the time between ops."""
+    total = ops["time_us"].sum()
+    hot = ops.loc[ops["hotspot"], "time_us"].sum()
+    lines = [f"  time: ops {format_us(total)}, of which hotspots {format_us(hot)}"
+             + (f" ({hot / total:.1%})" if total else "")
+             + (f"; fixing every cause would save about {format_us(causes['saving_us'].sum())}"
+                if causes is not None and len(causes) and causes["saving_us"].notna().any() else "")]
+    if "gap_us" in ops and ops["gap_us"].notna().any():
+        lines.append(f"  time outside ops (the step's Python, module calls, the autograd engine): "
+                     f"{format_us(ops['gap_us'].sum())}")
+    if "artifact" in ops and ops["artifact"].any():
+        lines.append(f"  {int(ops['artifact'].sum())} gradient sums ran out of place only because a recorder "
+                     "was active (events.artifact); they are never causes")
+    return lines
+
+
+def _cause_lines(causes: pd.DataFrame, hot: pd.DataFrame, top: int) -> list[str]:
+    """Each cause: what and where, the fix, and its symptoms, largest first."""
+    timed = "saving_us" in causes and causes["saving_us"].notna().any()
+    order = "most time saved" if timed else "most bytes"
+    lines = [f"Causes, {order} first ({len(causes)}; Audit.causes(), symptoms in Audit.hotspots()):"]
+    for c in causes.head(top).itertuples():
+        where = f"{c.module} ({c.module_type})" if c.module_type else c.module
+        lines.append(f"  {c.cause:>2}. [{c.pattern}] {c.phase} {c.op} {c.kind} in {shorten(where, 50)}")
+        cost = f", {format_us(c.time_us)}; a fix saves about {format_us(c.saving_us)}" if timed else ""
+        lines.append(f"      {c.hotspots} hotspot ops, {format_bytes(c.bytes)}{cost}")
+        if c.source:
+            lines.append(f"      at {c.source}")
+        for i, part in enumerate(textwrap.wrap(c.fix, 110)):
+            lines.append(f"      {'fix:' if i == 0 else '    '} {part}")
+        mine = hot[hot["cause"] == c.cause]
+        for s in mine.head(SYMPTOMS_SHOWN).itertuples():
+            when = f" {format_us(s.time_us):>9}" if s.time_us == s.time_us else ""
+            lines.append(
+                f"      - {s.phase:8} {shorten(s.module, 24):24} {shorten(s.op, 40):40} {s.kind:8} "
+                f"{s.count:>3}x {format_bytes(s.bytes):>9}{when}"
+            )
+        if len(mine) > SYMPTOMS_SHOWN:
+            lines.append(f"      ... and {len(mine) - SYMPTOMS_SHOWN} more hotspot groups")
+    if len(causes) > top:
+        lines.append(f"  ... and {len(causes) - top} more causes (Audit.causes())")
+    return lines
+
+
+def _hotspot_lines(hot: pd.DataFrame, top: int) -> list[str]:
+    shown = hot.head(top)
+    w_mod = min(32, max(6, shown["module"].str.len().max()))
+    w_op = min(40, max(2, shown["op"].str.len().max()))
+    lines = [f"  {'phase':8} {'module':{w_mod}} {'op':{w_op}} {'kind':8} {'from -> to':30} {'n':>4} {'bytes':>9}"]
+    for r in shown.itertuples():
+        lines.append(
+            f"  {r.phase:8} {shorten(r.module, w_mod):{w_mod}} {r.op[:w_op]:{w_op}} {r.kind:8} "
+            f"{(r.from_format + ' -> ' + r.to_format)[:30]:30} {r.count:>4} {format_bytes(r.bytes):>9}"
+        )
+        if r.source:
+            lines.append(f"           at {r.source}")
+    if len(hot) > top:
+        lines.append(f"  ... and {len(hot) - top} more groups (Audit.hotspots())")
+    return lines

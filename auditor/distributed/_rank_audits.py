@@ -1,0 +1,281 @@
+"""``RankAudits``: the audits of one distributed run, one per rank, and what differs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+import pandas as pd
+from pandas.api.types import union_categoricals
+
+from .._result import Audit
+from ..analysis import diff
+from ..display._html import header_html, table_html
+from ..display._units import format_bytes
+from ._buckets import bucket_ops, group_bucket_ops
+
+
+def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """Concatenate frames whose categoricals have different categories, keeping them categorical."""
+    if not frames:
+        return pd.DataFrame()
+    out = pd.concat(frames, ignore_index=True)
+    for col in frames[0].columns:
+        if isinstance(frames[0][col].dtype, pd.CategoricalDtype):
+            out[col] = union_categoricals([f[col] for f in frames], sort_categories=False)
+    return out
+
+
+class RankAudits:
+    """The audits of one run, one per rank, and the analyses that compare them.
+
+    Analyses run per rank (``seq`` and ``tid`` are per rank, so a merged data flow would link
+    unrelated tensors) and their tables are concatenated with a leading ``rank`` column.
+
+    Attributes:
+        per_rank: rank -> :class:`~auditor.Audit`, in rank order.
+        world_size: the world size the ranks recorded.
+    """
+
+    def __init__(self, per_rank: dict[int, Audit], *, world_size: int | None = None):
+        self.per_rank = dict(sorted(per_rank.items()))
+        self.world_size = world_size if world_size is not None else len(self.per_rank)
+        self._bucket_ops: dict[int, pd.DataFrame] = {}
+
+    @property
+    def ranks(self) -> list[int]:
+        return list(self.per_rank)
+
+    @property
+    def complete(self) -> bool:
+        return all(a.complete for a in self.per_rank.values())
+
+    def __getitem__(self, rank: int) -> Audit:
+        return self.per_rank[rank]
+
+    def __len__(self) -> int:
+        return len(self.per_rank)
+
+    @property
+    def events(self) -> pd.DataFrame:
+        """Every rank's events, rank after rank; ``(rank, seq)`` identifies a row."""
+        return _concat([a.events for a in self.per_rank.values()])
+
+    @property
+    def tensors(self) -> pd.DataFrame:
+        """Every rank's tensors with a leading ``rank`` column; ``tid`` is per rank."""
+        return _concat([
+            a.tensors.assign(rank=np.int16(r))[["rank", *a.tensors.columns]]
+            for r, a in self.per_rank.items()
+        ])
+
+    def to_audit(self) -> Audit:
+        """Every rank in one :class:`~auditor.Audit`: ``seq`` renumbered to the row position and
+        ``tid`` shifted per rank, so no tensor links across ranks. Its hotspot groups add up the
+        ranks (the ``rank`` column of ``events`` tells them apart); use :meth:`hotspots` for
+        one table per rank."""
+        events, tensors = [], []
+        seq_off = tid_off = 0
+        for a in self.per_rank.values():
+            events.append(a.events.assign(seq=a.events["seq"] + seq_off))
+            tensors.append(a.tensors.assign(seq=a.tensors["seq"] + seq_off, tid=a.tensors["tid"] + tid_off))
+            seq_off += len(a.events)
+            tid_off += int(a.tensors["tid"].max()) + 1 if len(a.tensors) else 0
+        errors = "; ".join(f"rank {r}: {a.error}" for r, a in self.per_rank.items() if not a.complete)
+        return Audit(_concat(events), _concat(tensors), complete=self.complete, error=errors)
+
+    def _per_rank(self, fn) -> pd.DataFrame:
+        frames = []
+        for r, a in self.per_rank.items():
+            df = fn(a)
+            df.insert(0, "rank", np.full(len(df), r, dtype=np.int16))
+            frames.append(df)
+        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+    def hotspots(self) -> pd.DataFrame:
+        """Each rank's :meth:`Audit.hotspots`, with a ``rank`` column."""
+        return self._per_rank(lambda a: a.hotspots())
+
+    def summary(self, depth: int = 1) -> pd.DataFrame:
+        """Each rank's :meth:`Audit.summary`, with a ``rank`` column."""
+        return self._per_rank(lambda a: a.summary(depth))
+
+    def _rank_bucket_ops(self, audit: Audit) -> pd.DataFrame:
+        key = id(audit)
+        if key not in self._bucket_ops:
+            self._bucket_ops[key] = bucket_ops(audit)
+        return self._bucket_ops[key].copy()
+
+    def bucket_ops(self) -> pd.DataFrame:
+        """Each rank's :func:`bucket_ops`, with a ``rank`` column."""
+        return self._per_rank(self._rank_bucket_ops)
+
+    def bucket_hotspots(self) -> pd.DataFrame:
+        """Each rank's :func:`bucket_hotspots`, with a ``rank`` column."""
+        return self._per_rank(lambda a: group_bucket_ops(self._rank_bucket_ops(a)))
+
+    def differences(self, reference: int | None = None) -> pd.DataFrame:
+        """:func:`rank_differences` of these audits."""
+        return rank_differences(self, reference)
+
+    def report(self, top: int = 10, depth: int = 1) -> str:
+        """One screen: per-rank totals, hotspot differences between ranks, DDP bucket copies that
+        change the layout, then the reference rank's own report."""
+        ranks = self.ranks
+        if not ranks:
+            return "Distributed format audit: no ranks"
+        ref = ranks[0]
+        n_ops = sum(len(a.events) for a in self.per_rank.values())
+        lines = [
+            f"Distributed format audit: {len(ranks)} of {self.world_size} ranks, {n_ops} aten ops"
+        ]
+        for r, a in self.per_rank.items():
+            ops = a.ops()
+            hot = ops[ops["hotspot"]]
+            state = "complete" if a.complete else f"INCOMPLETE: {a.error}"
+            lines.append(
+                f"  rank {r}: {len(ops)} ops, {a.hotspots().shape[0]} hotspot groups "
+                f"({len(hot)} ops, {format_bytes(hot['bytes'].sum())} moved); {state}"
+            )
+        diff = self.differences(ref)
+        lines.append("")
+        if len(ranks) == 1:
+            lines.append(f"Hotspots: only rank {ref} was recorded, nothing to compare.")
+        elif diff.empty:
+            lines.append(f"Hotspots: identical on every rank (compared with rank {ref}).")
+        else:
+            lines.append(f"Hotspots differ between ranks (compared with rank {ref}):")
+            w_mod = min(24, max(6, diff["module"].astype(str).str.len().max()))
+            w_op = min(36, max(2, diff["op"].astype(str).str.len().max()))
+            lines.append(
+                f"  {'rank':>4} {'status':9} {'phase':8} {'module':{w_mod}} {'op':{w_op}} "
+                f"{'kind':8} {'n':>7} {'bytes +/-':>10}"
+            )
+            for r in diff.head(top).itertuples():
+                lines.append(
+                    f"  {r.rank:>4} {r.status:9} {r.phase:8} {str(r.module)[:w_mod]:{w_mod}} "
+                    f"{str(r.op)[:w_op]:{w_op}} {r.kind:8} {f'{r.count_before}->{r.count_after}':>7} "
+                    f"{format_bytes(r.bytes_delta):>10}"
+                )
+                if r.source:
+                    lines.append(f"       at {r.source}")
+            if len(diff) > top:
+                lines.append(f"  ... and {len(diff) - top} more (RankAudits.differences())")
+        lines.append("")
+        lines.extend(_bucket_lines(self, top))
+        lines.append("")
+        lines.append(f"Rank {ref}:")
+        ref_audit = self.per_rank[ref]
+        lines.append(ref_audit.report(top=top, depth=depth))
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"<RankAudits ranks {self.ranks} of {self.world_size}, {len(self.events)} ops>"
+
+    def _repr_html_(self, top: int = 10, depth: int = 1) -> str:
+        """:meth:`report` as HTML tables, for notebooks: per-rank totals, the hotspot groups that
+        differ between ranks, the bucket copies that change the layout, the reference rank."""
+        ranks = self.ranks
+        if not ranks:
+            return header_html(["Distributed format audit: no ranks"])
+        ref = ranks[0]
+        totals = []
+        for r, a in self.per_rank.items():
+            ops = a.ops()
+            hot = ops[ops["hotspot"]]
+            totals.append({"rank": r, "ops": len(ops), "hotspot groups": len(a.hotspots()), "hotspot ops": len(hot),
+                           "bytes": int(hot["bytes"].sum()),
+                           "state": "complete" if a.complete else f"INCOMPLETE: {a.error}"})
+        n_ops = sum(t["ops"] for t in totals)
+        parts = [header_html([f"Distributed format audit: {len(ranks)} of {self.world_size} ranks, {n_ops} aten ops"]),
+                 table_html(pd.DataFrame(totals))]
+        diff = self.differences(ref)
+        if len(ranks) == 1:
+            parts.append(header_html([f"Hotspots: only rank {ref} was recorded, nothing to compare."]))
+        elif diff.empty:
+            parts.append(header_html([f"Hotspots: identical on every rank (compared with rank {ref})."]))
+        else:
+            parts.append(table_html(
+                diff, columns={"rank": "rank", "status": "status", "phase": "phase", "module": "module", "op": "op",
+                               "kind": "kind", "count_before": f"n on rank {ref}", "count_after": "n",
+                               "bytes_delta": "bytes +/-", "source": "file:line"},
+                caption=f"Hotspots differ between ranks (compared with rank {ref})", max_rows=top,
+                more="RankAudits.differences()"))
+        parts.append(header_html(_bucket_lines(self, top, table=False)))
+        hot = self.bucket_hotspots() if not self.bucket_ops().empty else pd.DataFrame()
+        if len(hot):
+            parts.append(table_html(
+                hot, columns=["rank", "phase", "stage", "op", "from_format", "to_format", "count", "bytes",
+                              "view_mismatch"],
+                max_rows=top, more="RankAudits.bucket_hotspots()"))
+        parts.append(header_html([f"Rank {ref}:"]))
+        parts.append(self.per_rank[ref]._repr_html_(top=top, depth=depth))
+        return "<div>" + "\n".join(parts) + "</div>"
+
+
+def _bucket_lines(ra: RankAudits, top: int, table: bool = True) -> list[str]:
+    """The report's bucket section; ``table=False``: its totals only (the HTML shows the table)."""
+    ops = ra.bucket_ops()
+    if ops.empty:
+        return ["DDP buckets: no copies into or out of collective buffers were recorded."]
+    lines = ["DDP buckets and collective buffers (copies per rank):"]
+    for r, g in ops.groupby("rank", sort=True):
+        counts = g.groupby(["phase", "stage"], observed=True).size()
+        parts = ", ".join(f"{p} {s} {n}" for (p, s), n in counts.items())
+        changed = g["layout_change"] | g["view_mismatch"]
+        lines.append(
+            f"  rank {r}: {len(g)} copies ({parts}); {int(changed.sum())} change the layout or "
+            f"mismatch a bucket view, {format_bytes(g.loc[changed, 'bytes'].sum())}"
+        )
+    hot = ra.bucket_hotspots()
+    if hot.empty:
+        lines.append("  No copy into or out of a bucket changes the layout.")
+        return lines
+    if not table:
+        return lines
+    lines.append(
+        f"  {'rank':>4} {'phase':8} {'stage':7} {'op':24} {'from -> to':30} {'n':>4} {'bytes':>9}"
+    )
+    for r in hot.head(top).itertuples():
+        flag = "  VIEW MISMATCH: values permuted" if r.view_mismatch else ""
+        lines.append(
+            f"  {r.rank:>4} {r.phase:8} {r.stage:7} {r.op[:24]:24} "
+            f"{(r.from_format + ' -> ' + r.to_format)[:30]:30} {r.count:>4} {format_bytes(r.bytes):>9}{flag}"
+        )
+    if len(hot) > top:
+        lines.append(f"  ... and {len(hot) - top} more (RankAudits.bucket_hotspots())")
+    return lines
+
+
+def rank_differences(rank_audits: RankAudits | dict[int, Audit] | Iterable[Audit],
+                     reference: int | None = None) -> pd.DataFrame:
+    """Hotspot groups that differ between each rank and ``reference`` (the lowest rank).
+
+    :func:`auditor.analysis.diff` of the reference rank's hotspots against each other rank's,
+    with a leading ``rank`` column: ``appeared`` on that rank, ``vanished`` from it, or
+    ``changed`` in count or bytes. Empty when every rank has the same hotspots.
+    """
+    if isinstance(rank_audits, RankAudits):
+        per_rank = rank_audits.per_rank
+    elif isinstance(rank_audits, dict):
+        per_rank = dict(sorted(rank_audits.items()))
+    else:
+        per_rank = dict(enumerate(rank_audits))
+    if not per_rank:
+        raise ValueError("no audits to compare")
+    ref = min(per_rank) if reference is None else reference
+    if ref not in per_rank:
+        raise ValueError(f"reference rank {ref} is not among ranks {sorted(per_rank)}")
+    base = per_rank[ref].hotspots()
+    frames = []
+    for r, a in per_rank.items():
+        if r == ref:
+            continue
+        d = diff(base, a.hotspots())
+        d.insert(0, "rank", np.full(len(d), r, dtype=np.int16))
+        frames.append(d)
+    if not frames:
+        d = diff(base, base)
+        d.insert(0, "rank", np.zeros(0, dtype=np.int16))
+        return d
+    return pd.concat(frames, ignore_index=True)

@@ -1,0 +1,197 @@
+"""The timing harness: interleaved medians on a chosen clock, and steady memory to time on.
+
+Candidates are timed in rounds (A B C, C B A, ...) so that load from other processes hits every
+one alike; a fast callable runs several times per sample so that one sample lasts at least a
+minimum time.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import math
+import statistics
+import time
+from collections.abc import Callable
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn as nn
+
+try:
+    import resource
+except ImportError:  # not on Windows: no page-fault counts
+    resource = None
+
+#: a standalone measurement's sample lasts at least this long (µs), so that preemption by
+#: other processes averages out over both formats instead of hitting one sample in two
+SAMPLE_US = 20_000.0
+
+
+#: the same for a whole-model sample
+MODEL_SAMPLE_US = 100_000.0
+
+
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued work (a no-op on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def steady_malloc() -> bool:
+    """Keep glibc from handing freed memory back to the OS between steps (process-wide).
+
+    By default glibc trims the top of the heap and maps large blocks afresh, so a model whose
+    tensors land on the wrong side of those thresholds page-faults its activations anew every
+    step. Measured here: one of three copies of convnext_tiny with identical layouts took 29,000
+    minor page faults and 20-30% more CPU time per training step, in the same process, and
+    which copy lost changed from run to run. Call this once before timing anything; returns
+    False where the C library is not glibc. Not called by :func:`plan_layout` itself.
+    """
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    return bool(mallopt(m_mmap_threshold, 32 * 1024 * 1024)) and bool(mallopt(m_trim_threshold, 1 << 30))
+
+
+def minor_faults() -> int:
+    """Minor page faults of this process so far (0 where the platform cannot say)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt if resource is not None else 0
+
+
+def default_clock(device: torch.device | str = "cpu") -> str:
+    """``cpu`` (process CPU time) for a single-threaded CPU run, else ``wall``.
+
+    With one thread, CPU time is the work done, and preemption by other processes on a shared
+    machine does not inflate it the way it inflates wall time; with several threads it would
+    also count the threads' spin-waiting, so wall time is the only honest clock.
+    """
+    return "cpu" if torch.device(device).type == "cpu" and torch.get_num_threads() == 1 else "wall"
+
+
+def sample(name: str, fn: Callable[[], object], number: int, device: torch.device) -> tuple[float, float, float]:
+    """One sample: ``fn`` called ``number`` times; (wall µs, process CPU µs, minor page faults),
+    each per call. ``name`` is the candidate's name (tests replace this function to inject
+    times)."""
+    sync(device)
+    f0, t0, c0 = minor_faults(), time.perf_counter(), time.process_time()
+    for _ in range(number):
+        fn()
+    sync(device)
+    return ((time.perf_counter() - t0) * 1e6 / number, (time.process_time() - c0) * 1e6 / number,
+            (minor_faults() - f0) / number)
+
+
+class Rounds:
+    """Samples of several callables taken in interleaved rounds, each in the reverse order of the
+    one before (A B C, C B A, A B C, ...) so that none always runs first; kept so that more rounds
+    can be added until a decision is clear (:mod:`auditor.plan._decide`).
+
+    Each callable is warmed up once and calibrated so that one sample lasts at least
+    ``min_sample_us``; ``wall[name]``, ``cpu[name]`` and ``faults[name]`` hold one value per
+    round (per call).
+    """
+
+    def __init__(self, fns: dict[str, Callable[[], object]], *, min_sample_us: float = 1000.0,
+                 device: torch.device | str = "cpu"):
+        self.fns = dict(fns)
+        self.device = torch.device(device)
+        self.number = {}
+        for name, fn in self.fns.items():
+            fn()  # warm-up: allocator, kernels, lazy init
+            sync(self.device)
+            t0 = time.perf_counter()
+            fn()
+            sync(self.device)
+            once = (time.perf_counter() - t0) * 1e6
+            self.number[name] = max(1, math.ceil(min_sample_us / max(once, 1.0)))
+        self.wall: dict[str, list[float]] = {name: [] for name in self.fns}
+        self.cpu: dict[str, list[float]] = {name: [] for name in self.fns}
+        self.faults: dict[str, list[float]] = {name: [] for name in self.fns}
+
+    def __len__(self) -> int:
+        """Rounds taken so far."""
+        return min((len(v) for v in self.wall.values()), default=0)
+
+    def run(self, rounds: int) -> Rounds:
+        """Take ``rounds`` more rounds; returns ``self``."""
+        order = list(self.fns.items())
+        for r in range(len(self), len(self) + rounds):
+            for name, fn in (order if r % 2 == 0 else order[::-1]):
+                w, c, f = sample(name, fn, self.number[name], self.device)
+                self.wall[name].append(w)
+                self.cpu[name].append(c)
+                self.faults[name].append(f)
+        return self
+
+    def times(self, clock: str) -> dict[str, list[float]]:
+        """Per callable, its samples on ``clock`` (``wall`` or ``cpu``), one per round."""
+        return {"wall": self.wall, "cpu": self.cpu}[clock]
+
+    def frame(self) -> pd.DataFrame:
+        """One row per callable: medians, spreads and faults, as :func:`time_interleaved`."""
+        rows = []
+        for name in self.fns:
+            row = {"name": name, "faults": statistics.median(self.faults[name]) if self.faults[name] else 0.0}
+            for clock in ("wall", "cpu"):
+                samples = self.times(clock)[name]
+                med = statistics.median(samples) if samples else float("nan")
+                row[f"{clock}_us"] = med
+                row[f"{clock}_spread"] = spread(samples)
+            rows.append(row)
+        return pd.DataFrame(rows).set_index("name")
+
+
+def spread(samples: list[float]) -> float:
+    """Interquartile range over the median (0 for fewer than two samples)."""
+    if len(samples) < 2:
+        return 0.0
+    med = statistics.median(samples)
+    q1, q3 = np.percentile(samples, [25, 75])
+    return float((q3 - q1) / med) if med else 0.0
+
+
+def time_interleaved(fns: dict[str, Callable[[], object]], repeats: int = 7, *, min_sample_us: float = 1000.0,
+                     device: torch.device | str = "cpu") -> pd.DataFrame:
+    """Time each callable ``repeats`` times, interleaved (A B C, C B A, ...) so that load from
+    other processes hits every candidate alike. A fast callable runs several times per sample so
+    that one sample lasts at least ``min_sample_us``.
+
+    Returns one row per callable: ``wall_us`` and ``cpu_us`` (medians per call, wall and
+    process CPU time, both taken from the same samples), ``wall_spread``, ``cpu_spread``
+    (interquartile range over median) and ``faults`` (median minor page faults per call: above
+    zero, the allocator is returning memory to the OS between calls, see :func:`steady_malloc`).
+    """
+    return Rounds(fns, min_sample_us=min_sample_us, device=device).run(repeats).frame()
+
+
+def median_times(fns: dict[str, Callable[[], object]], repeats: int = 7, *, min_sample_us: float = 1000.0,
+                 device: torch.device | str = "cpu", clock: str | None = None) -> dict[str, float]:
+    """Median time per call of each callable in µs, on ``clock`` (``wall`` or ``cpu``; default
+    :func:`default_clock`), measured by :func:`time_interleaved`."""
+    clock = clock or default_clock(device)
+    t = time_interleaved(fns, repeats, min_sample_us=min_sample_us, device=device)
+    return t[f"{clock}_us"].to_dict()
+
+
+def step_fn(model: nn.Module, inputs: tuple, train: bool, loss_fn: Callable,
+            kwargs: dict | None = None) -> Callable[[], object]:
+    """One inference call, or one forward + backward with gradients reset beforehand."""
+    kwargs = kwargs or {}
+    if not train:
+        def infer():
+            with torch.no_grad():
+                return model(*inputs, **kwargs)
+        return infer
+
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def step():
+        for p in params:
+            p.grad = None
+        loss_fn(model(*inputs, **kwargs)).backward()
+    return step

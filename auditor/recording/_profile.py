@@ -1,0 +1,249 @@
+"""Kernel times and hidden conversions from torch's profiler, joined to the recorded ops.
+
+While a timed recording runs, torch's profiler runs beside the dispatch mode. Each call of the
+mode is wrapped in a ``PythonDispatchMode`` profiler record whose first child is the recorder's
+own call of the op: the op's kernels without the mode's Python, which is what ``time_us`` is.
+Mode calls never nest, so those inner records, in start order, are the recorded ops in order
+(autograd's saved-variable ``detach`` reaches the mode without a record: its own ``aten::detach``
+record stands in). The ``aten::copy_`` records below an op's inner record are the data it moved
+inside its kernels (a backend's internal ``contiguous()``): its hidden conversions.
+
+Only the raw event tree is walked (no ``FunctionEvent`` parsing), once, when recording ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from dataclasses import dataclass, field
+
+from ._formats import VIEW_SUFFIX, format_label, nbytes
+from ._torch import (
+    ExperimentalConfig,
+    ProfilerActivity,
+    ProfilerConfig,
+    ProfilerState,
+    TensorMetadata,
+    disable_profiler,
+    enable_profiler,
+    op_schema,
+    prepare_profiler,
+    profiler_enabled,
+)
+
+_CPU = {ProfilerActivity.CPU}
+#: ops whose own job is to copy: the copy_ below them is the op itself, not a hidden conversion
+_COPY_OPS = frozenset({
+    "aten::copy_", "aten::_to_copy", "aten::clone", "aten::contiguous", "aten::to", "aten::_reshape_copy",
+    "aten::reshape", "aten::_copy_from", "aten::_copy_from_and_resize", "aten::lift_fresh_copy",
+})
+#: records that wrap a copy: the outermost one below the op gives the copy's time, allocation included
+_COPY_WRAPPERS = frozenset({"aten::contiguous", "aten::clone", "aten::to", "aten::_to_copy", "aten::reshape"})
+
+#: Columns of ``Audit.hidden``: one row per copy inside a recorded op.
+HIDDEN_COLUMNS: dict[str, str] = {
+    "seq": "int32",  # the recorded op that made the copy
+    "via": "category",  # the calls from the op down to the copy ("_convolution > contiguous > clone > copy_")
+    "arg": "category",  # the op's argument that was copied, "(internal)" for a temporary
+    "kind": "category",  # see HIDDEN_KINDS
+    "from_format": "category",
+    "to_format": "category",
+    "shape": "category",
+    "dtype": "category",
+    "bytes": "int64",
+    "time_us": "float64",  # the copy and its allocation
+    "start_us": "float64",
+}
+#: ``format``: a dense tensor copied into another format (a conversion); ``materialize``: a
+#: non-dense view made dense; ``same_format``: a copy in the same order; ``broadcast``: a bias or
+#: scalar filled into an output; ``not_4d_5d``: any other rank.
+HIDDEN_KINDS = ("format", "materialize", "same_format", "broadcast", "not_4d_5d", "unknown")
+
+
+class ProfileSession:
+    """torch's profiler, on the CPU, for the span of one recording.
+
+    ``start`` does nothing when a profiler is already running (starting one would take over the
+    user's session); ``active`` says whether ours runs. ``stop`` returns the raw result.
+    """
+
+    def __init__(self, record_shapes: bool):
+        self.record_shapes = record_shapes  # input shapes and strides, for hidden conversions' bytes
+        self.active = False
+
+    def start(self) -> None:
+        if profiler_enabled():
+            return
+        config = ProfilerConfig(ProfilerState.KINETO, self.record_shapes, False, False, False, False,
+                                ExperimentalConfig())
+        with _quiet_stderr():
+            prepare_profiler(config, _CPU)
+            enable_profiler(config, _CPU)
+        self.active = True
+
+    def stop(self):
+        if not self.active:
+            return None
+        self.active = False
+        with _quiet_stderr():
+            return disable_profiler()
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """Kineto prints its start and stop (and, on a machine without a GPU, a failed device
+    query) to the process's stderr, which a recording must not litter: silence fd 2 for the
+    call."""
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:  # no fd 2 to silence
+        yield
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
+
+
+@dataclass
+class Timing:
+    """Per recorded op, its kernel time, its start, and the time since the op before it ended
+    outside any op (ns; -1 where unmatched), and the hidden conversions' rows (HIDDEN_COLUMNS
+    order)."""
+
+    time_ns: list[int] = field(default_factory=list)
+    start_ns: list[int] = field(default_factory=list)
+    gap_ns: list[int] = field(default_factory=list)
+    hidden: list[tuple] = field(default_factory=list)
+
+
+def join(funcs: list, failed: list[tuple[int, str]], result) -> Timing:
+    """Match the profiler's inner records to the recorded ops (``funcs``, in order; ``failed``:
+    the calls that raised, with the seq they would have had) and read their times and the copies
+    below them."""
+    calls = _mode_calls(result.experimental_event_tree())
+    names = [_profiler_name(f) for f in funcs]
+    expected, kept = list(names), list(range(len(names)))
+    for pos, name in sorted(failed, reverse=True):  # their records exist, their rows do not
+        expected.insert(pos, name)
+        kept.insert(pos, -1)
+    matched = [k for k, i in zip(_match(expected, calls), kept, strict=True) if i >= 0]
+    timing = Timing()
+    origin = min((inner.start_time_ns for _, inner, _ in calls if inner is not None), default=0)
+    args: dict[int, tuple[str, ...]] = {}
+    last_end = None  # the end of the previous op's outer record: what lies between is not an op's
+    for seq, (func, k) in enumerate(zip(funcs, matched, strict=True)):
+        if k < 0:
+            timing.time_ns.append(-1)
+            timing.start_ns.append(-1)
+            timing.gap_ns.append(-1)
+            continue
+        _, inner, outer = calls[k]
+        outer = outer if outer is not None else inner
+        timing.time_ns.append(inner.duration_time_ns)
+        timing.start_ns.append(inner.start_time_ns - origin)
+        timing.gap_ns.append(max(0, outer.start_time_ns - last_end) if last_end is not None else 0)
+        last_end = max(last_end or 0, outer.end_time_ns)
+        if inner.children and names[seq] not in _COPY_OPS:
+            names_of = args.get(id(func))
+            if names_of is None:
+                names_of = args[id(func)] = tuple(a.name for a in op_schema(func).arguments)
+            timing.hidden.extend(_hidden_copies(seq, inner, names_of, origin))
+    return timing
+
+
+def _profiler_name(func) -> str:
+    return op_schema(func).name  # "aten::convolution", as the profiler names the record
+
+
+def _mode_calls(roots) -> list[tuple[str, object, object]]:
+    """(name, inner record, outer record) for every call of the mode, in start order."""
+    out = []
+    stack = sorted(roots, key=lambda e: e.start_time_ns, reverse=True)
+    while stack:
+        e = stack.pop()
+        kids = e.children
+        if e.name == "PythonDispatchMode":
+            inner = kids[0] if kids else None
+            out.append((inner.name if inner is not None else "", inner, e.parent))
+            continue
+        if e.name == "aten::detach" and kids and kids[0].name == "detach" and not kids[0].children:
+            out.append((e.name, kids[0], e))  # autograd's saved-variable detach: no mode record
+            continue
+        stack.extend(reversed(kids))
+    return out
+
+
+def _match(names: list[str], calls: list, lookahead: int = 8) -> list[int]:
+    """Order-preserving match by name; per expected op the index into ``calls`` or -1."""
+    res = [-1] * len(names)
+    j, n = 0, len(calls)
+    for i, name in enumerate(names):
+        for k in range(j, min(j + lookahead, n)):
+            if calls[k][0] == name:
+                res[i] = k
+                j = k + 1
+                break
+    return res
+
+
+def _hidden_copies(seq: int, inner, arg_names: tuple[str, ...], origin: int) -> list[tuple]:
+    """The copy_ records below one op's inner record, as HIDDEN_COLUMNS rows."""
+    by_impl: dict[int, int] = {}
+    for i, a in enumerate(inner.extra_fields.inputs):
+        for x in a if isinstance(a, list) else (a,):
+            if isinstance(x, TensorMetadata) and x.impl_ptr is not None:
+                by_impl.setdefault(x.impl_ptr, i)
+    rows = []
+    stack = [(c, (), None) for c in reversed(inner.children)]
+    while stack:
+        e, path, wrapper = stack.pop()
+        path = (*path, e.name.removeprefix("aten::"))
+        if wrapper is None and e.name in _COPY_WRAPPERS:
+            wrapper = e
+        if e.name != "aten::copy_":
+            stack.extend((c, path, wrapper) for c in reversed(e.children))
+            continue
+        timed = wrapper or e
+        row = [seq, " > ".join(path), "", "unknown", "", "", "", "", 0, timed.duration_time_ns / 1e3,
+               (timed.start_time_ns - origin) / 1e3]
+        ins = e.extra_fields.inputs
+        if len(ins) >= 2 and isinstance(ins[0], TensorMetadata) and isinstance(ins[1], TensorMetadata):
+            dst, src = ins[0], ins[1]
+            source = by_impl.get(src.impl_ptr)
+            if source is None and wrapper is not None:  # contiguous(x), clone(x): x is the wrapper's input
+                w_in = wrapper.extra_fields.inputs
+                if w_in and isinstance(w_in[0], TensorMetadata):
+                    source = by_impl.get(w_in[0].impl_ptr)
+            frm = format_label(tuple(src.sizes), tuple(src.strides))
+            to = format_label(tuple(dst.sizes), tuple(dst.strides))
+            row[2] = arg_names[source] if source is not None and source < len(arg_names) else "(internal)"
+            row[3] = _copy_kind(src, dst, frm, to)
+            row[4:9] = frm, to, str(tuple(dst.sizes)), str(dst.dtype).removeprefix("torch."), \
+                nbytes(tuple(dst.sizes), dst.dtype.itemsize)
+        rows.append(tuple(row))
+    return rows
+
+
+def _copy_kind(src, dst, frm: str, to: str) -> str:
+    if len(dst.sizes) not in (4, 5):
+        return "not_4d_5d"
+    numel = 1
+    for s in src.sizes:
+        numel *= s
+    whole = 1
+    for s in dst.sizes:
+        whole *= s
+    if numel < whole or (0 in tuple(src.strides) and not frm.endswith(VIEW_SUFFIX)):
+        return "broadcast"
+    if frm.endswith(VIEW_SUFFIX):
+        return "materialize"
+    if frm == to or "ambiguous" in (frm, to):
+        return "same_format"
+    return "format"

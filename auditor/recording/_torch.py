@@ -1,0 +1,211 @@
+"""Every private torch entry point the package uses, in one place, each one feature-detected.
+
+torch changes its private names between releases without notice, so none is used anywhere
+else: the recorder, the profiler join, fake audits, the fixes and compiled audits take them from
+here. Each is looked up once, when the package is imported. One that this torch lacks does not
+stop the import: it becomes a stand-in that raises :class:`TorchInternalsError`, naming the
+entry point, this torch's version and the versions the package is tested on, at its first use;
+:func:`require` checks a feature's entry points up front, so a recording fails before it
+starts rather than halfway. ``tests/test_layout.py`` checks that no other module names a
+private torch module or function.
+
+Private *attributes* of torch's objects are read where they are needed, some on the hot path
+(one call per aten op), and are checked here instead (:data:`ATTRIBUTES`).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+#: torch releases the test suite runs on (``pyproject.toml`` declares the same range).
+TESTED = ("2.14", "2.15")
+
+
+class TorchInternalsError(RuntimeError):
+    """A private torch entry point the package needs is missing from this torch."""
+
+
+def _message(name: str, why: str) -> str:
+    return (f"auditor needs {name}, which torch {torch.__version__} does not have ({why}); auditor is "
+            f"tested on torch {', '.join(TESTED)}")
+
+
+class Missing:
+    """Stands in for an entry point this torch lacks: false, and raises when used."""
+
+    def __init__(self, name: str, why: str):
+        self._name, self._why = name, why
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __call__(self, *args, **kwargs):
+        raise TorchInternalsError(_message(self._name, self._why))
+
+    def __getattr__(self, attr: str):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        raise TorchInternalsError(_message(self._name, self._why))
+
+    def __repr__(self) -> str:
+        return f"<missing {self._name}>"
+
+
+#: dotted name -> its stand-in, for every entry point this torch lacks
+MISSING: dict[str, Missing] = {}
+
+
+def lookup(name: str):
+    """The object at the dotted ``name`` (a module, then attributes), or a :class:`Missing`."""
+    parts = name.split(".")
+    obj, i = None, len(parts)
+    while i > 0:
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+            break
+        except ImportError:
+            i -= 1
+    try:
+        if obj is None:
+            raise AttributeError(parts[0])
+        for attr in parts[i:]:
+            obj = getattr(obj, attr)
+    except AttributeError as exc:
+        MISSING[name] = obj = Missing(name, f"no attribute {exc.args[0] if exc.args else '?'}")
+    return obj
+
+
+def essential(name: str):
+    """The object at ``name``, which the package's classes are built on: without it nothing can
+    be recorded, so its absence stops the import with a clear error."""
+    found = lookup(name)
+    if isinstance(found, Missing):
+        raise TorchInternalsError(_message(name, "the recorder is a subclass of it"))
+    return found
+
+
+def require(*names: str) -> None:
+    """Raise :class:`TorchInternalsError` when any of the dotted ``names`` is missing here."""
+    gone = [n for n in names if n in MISSING]
+    if gone:
+        raise TorchInternalsError(_message(", ".join(gone), "not found"))
+
+
+# -- the recorder's hot path: autograd, the dispatch-mode stack, Dynamo's frame hook ----------------
+current_graph_task_id = lookup("torch._C._current_graph_task_id")
+current_autograd_node = lookup("torch._C._current_autograd_node")
+autograd_sequence_nr = lookup("torch._C._autograd._get_sequence_nr")
+set_eval_frame = lookup("torch._C._dynamo.eval_frame.set_eval_frame")
+len_dispatch_stack = lookup("torch._C._len_torch_dispatch_stack")
+dispatch_stack_at = lookup("torch._C._get_dispatch_stack_at")
+dispatch_has_kernel_for_dispatch_key = lookup("torch._C._dispatch_has_kernel_for_dispatch_key")
+OpOverload = lookup("torch._ops.OpOverload")
+TorchDispatchMode = essential("torch.utils._python_dispatch.TorchDispatchMode")
+current_dispatch_mode_stack = lookup("torch.utils._python_dispatch._get_current_dispatch_mode_stack")
+pop_mode = lookup("torch.utils._python_dispatch._pop_mode")
+#: marks a code object for Dynamo to skip (``set_code_exec_strategy``, ``_FrameExecStrategy``,
+#: ``_FrameAction``), which is what ``torch._dynamo.eval_frame.skip_code`` does
+eval_frame = lookup("torch._C._dynamo.eval_frame")
+
+RECORDER = (
+    "torch._C._current_graph_task_id", "torch._C._current_autograd_node", "torch._C._autograd._get_sequence_nr",
+    "torch._C._dynamo.eval_frame.set_eval_frame", "torch._C._len_torch_dispatch_stack",
+    "torch._C._get_dispatch_stack_at", "torch._C._dispatch_has_kernel_for_dispatch_key", "torch._ops.OpOverload",
+    "torch.utils._python_dispatch.TorchDispatchMode",
+    "torch.utils._python_dispatch._get_current_dispatch_mode_stack", "torch.utils._python_dispatch._pop_mode",
+)
+
+# -- the profiler behind record_time ---------------------------------------------------------------
+ProfilerActivity = lookup("torch._C._profiler.ProfilerActivity")
+ProfilerConfig = lookup("torch._C._profiler.ProfilerConfig")
+ProfilerState = lookup("torch._C._profiler.ProfilerState")
+ExperimentalConfig = lookup("torch._C._profiler._ExperimentalConfig")
+TensorMetadata = lookup("torch._C._profiler._TensorMetadata")
+profiler_enabled = lookup("torch.autograd._profiler_enabled")
+prepare_profiler = lookup("torch.autograd._prepare_profiler")
+enable_profiler = lookup("torch.autograd._enable_profiler")
+disable_profiler = lookup("torch.autograd._disable_profiler")
+
+PROFILER = (
+    "torch._C._profiler.ProfilerActivity", "torch._C._profiler.ProfilerConfig", "torch._C._profiler.ProfilerState",
+    "torch._C._profiler._ExperimentalConfig", "torch._C._profiler._TensorMetadata", "torch.autograd._profiler_enabled",
+    "torch.autograd._prepare_profiler", "torch.autograd._enable_profiler", "torch.autograd._disable_profiler",
+)
+
+# -- fake tensors, pytrees -------------------------------------------------------------------------
+FakeTensor = lookup("torch._subclasses.fake_tensor.FakeTensor")
+FakeTensorMode = lookup("torch._subclasses.fake_tensor.FakeTensorMode")
+foreach_supported_devices = lookup("torch.utils._foreach_utils._get_foreach_kernels_supported_devices")
+pytree = lookup("torch.utils._pytree")
+
+FAKE = ("torch._subclasses.fake_tensor.FakeTensor", "torch._subclasses.fake_tensor.FakeTensorMode",
+        "torch.utils._foreach_utils._get_foreach_kernels_supported_devices")
+
+
+def _has(obj, attr: str) -> bool:
+    try:
+        return hasattr(obj, attr)
+    except Exception:
+        return False
+
+
+#: Private attributes of torch's objects that the package reads in place, and whether this torch
+#: has each: an op overload's schema (``_schema``) and, on the hot path, the C++ op it forwards
+#: to (``_op``) unless a Python dispatcher is set (``_pyobj_dispatcher``); whether a tensor is a
+#: view (``Tensor._is_view``) and its storage's identity (``UntypedStorage._cdata``); an autograd
+#: node's sequence number (``_sequence_nr``); a module's own parameters (``Module._parameters``);
+#: and the forward hooks ``ModuleTracker`` calls (``_fw_pre_hook``, ``_fw_post_hook``), which the
+#: recorder's tracker overrides.
+ATTRIBUTES = {
+    "OpOverload._schema": _has(torch.ops.aten.add.Tensor, "_schema"),
+    "OpOverload._op": _has(torch.ops.aten.add.Tensor, "_op"),
+    "OpOverload._pyobj_dispatcher": "_pyobj_dispatcher" in vars(torch.ops.aten.add.Tensor),
+    "Tensor._is_view": _has(torch.Tensor, "_is_view"),
+    "UntypedStorage._cdata": _has(torch.empty(0).untyped_storage(), "_cdata"),
+    "Node._sequence_nr": _has(torch.ones(1, requires_grad=True).sum().grad_fn, "_sequence_nr"),
+    "Module._parameters": _has(torch.nn.Linear(1, 1), "_parameters"),
+    "ModuleTracker._fw_pre_hook": _has(lookup("torch.utils.module_tracker.ModuleTracker"), "_fw_pre_hook"),
+    "ModuleTracker._fw_post_hook": _has(lookup("torch.utils.module_tracker.ModuleTracker"), "_fw_post_hook"),
+}
+
+#: Whether ``OpOverload.__call__`` only forwards to its C++ op (``self._op(...)``) while no
+#: Python dispatcher is set: the recorder then calls that op itself, a Python frame less per op.
+OP_CALL_FORWARDS = ATTRIBUTES["OpOverload._op"] and ATTRIBUTES["OpOverload._pyobj_dispatcher"]
+
+
+def require_attributes(*names: str) -> None:
+    """Raise :class:`TorchInternalsError` when this torch lacks any of the attributes ``names``
+    (keys of :data:`ATTRIBUTES`)."""
+    gone = [n for n in names if not ATTRIBUTES.get(n, False)]
+    if gone:
+        raise TorchInternalsError(_message(", ".join(gone), "attribute not found"))
+
+
+def require_recorder() -> None:
+    """What a recording needs, checked before it starts."""
+    require(*RECORDER)
+    require_attributes("OpOverload._schema", "Tensor._is_view", "UntypedStorage._cdata", "Node._sequence_nr",
+                       "Module._parameters", "ModuleTracker._fw_pre_hook", "ModuleTracker._fw_post_hook")
+
+
+def op_schema(func):
+    """``func``'s schema (``OpOverload._schema``)."""
+    return func._schema
+
+
+def is_view(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a view of another tensor (``Tensor._is_view``)."""
+    return t._is_view()
+
+
+def storage_id(t: torch.Tensor) -> int:
+    """The identity of ``t``'s storage (``UntypedStorage._cdata``): two tensors share memory
+    when theirs are equal."""
+    return t.untyped_storage()._cdata
+
+
+def node_sequence_nr(node) -> int:
+    """The sequence number autograd gave ``node`` when the op that created it ran."""
+    return node._sequence_nr()
