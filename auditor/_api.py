@@ -8,7 +8,8 @@ import torch
 
 from ._fake import fake_audit
 from ._result import Audit
-from ._session import check_kwargs, default_loss, record_step, run_step
+from ._session import record_step
+from ._step import Step
 
 
 def audit(
@@ -46,23 +47,16 @@ def audit(
     of the first one in the process (which sets up kernels and memory). They are real steps:
     they update batch-norm statistics and, with an optimizer, the parameters.
     """
-    if not callable(model):
-        raise TypeError(f"model must be callable, got {type(model).__name__}")
+    step = Step(model, inputs, kwargs or {}, backward=backward, loss_fn=loss_fn, optimizer=optimizer)
     if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
         raise ValueError(f"warmup is a number of steps, at least 0, got {warmup!r}")
-    kwargs = check_kwargs(kwargs)
     if fake and record_time:
         raise ValueError("fake tensors run no kernels, so a fake audit has no times: leave record_time unset")
     record_time = not fake if record_time is None else record_time
-    loss_fn = loss_fn or default_loss
     for _ in range(0 if fake else warmup):
-        run_step(model, inputs, kwargs=kwargs, backward=backward, loss_fn=loss_fn, optimizer=optimizer)
+        step.run()
     if fake:
-        return fake_audit(
-            model, inputs, kwargs=kwargs, device=device, dtype=dtype, backward=backward, loss_fn=loss_fn,
-            optimizer=optimizer, strict=strict, record_source=record_source,
-        )
+        return fake_audit(step, device=device, dtype=dtype, strict=strict, record_source=record_source)
     if device is not None or dtype is not None:
         raise ValueError("device= and dtype= apply to fake audits only: pass fake=True")
-    return record_step(model, inputs, kwargs=kwargs, backward=backward, loss_fn=loss_fn, optimizer=optimizer, strict=strict,
-                       record_source=record_source, record_time=record_time)
+    return record_step(step, strict=strict, record_source=record_source, record_time=record_time)

@@ -18,12 +18,13 @@ the call, by ``torch.func.functional_call``; real weights are never copied.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import contextlib
 
 import torch
 
 from ._result import Audit
-from ._session import FormatAuditor, loss_to_backward
+from ._session import FormatAuditor
+from ._step import Step, default_loss, loss_to_backward
 from .recording._torch import (
     FAKE,
     FakeTensor,
@@ -207,22 +208,10 @@ def _fake_optimizer(optimizer: torch.optim.Optimizer, faker: _Faker, fakes: dict
     return fake_opt
 
 
-def fake_audit(
-    model: Callable,
-    inputs: tuple,
-    *,
-    kwargs: Mapping | None = None,
-    device=None,
-    dtype=None,
-    backward: bool,
-    loss_fn: Callable,
-    optimizer: torch.optim.Optimizer | None,
-    strict: bool,
-    record_source: bool,
-) -> Audit:
-    """One step of ``model`` on fake copies of its state, ``inputs`` and the tensors in
-    ``kwargs``; see :func:`auditor.audit`."""
-    kwargs = dict(kwargs or {})
+def fake_audit(step: Step, *, device=None, dtype=None, strict: bool = False, record_source: bool = False) -> Audit:
+    """``step`` on fake copies of its model's state, its inputs and the tensors in its keyword
+    arguments; see :func:`auditor.audit`."""
+    model, inputs, kwargs, optimizer = step.model, step.inputs, dict(step.kwargs), step.optimizer
     is_module = isinstance(model, torch.nn.Module)
     params = dict(model.named_parameters()) if is_module else {}
     buffers = dict(model.named_buffers()) if is_module else {}
@@ -249,10 +238,10 @@ def fake_audit(
         accumulators = _gradient_accumulators(faker, shim)
         # fake kernels compute nothing: there is no time to record
         fa = FormatAuditor(strict=strict, record_source=record_source)
-        with fa, shim:
+        with fa, shim, contextlib.nullcontext() if step.backward else torch.no_grad():
             output = _forward(model, fake_state, fake_inputs, fake_kwargs, is_module)
-            if backward:
-                _backward(loss_to_backward(loss_fn, output), shim, target)
+            if step.backward:
+                _backward(loss_to_backward(step.loss_fn or default_loss, output), shim, target)
                 if fake_opt is not None:
                     fake_opt.step()
     del accumulators

@@ -34,10 +34,7 @@ class Audit:
         self.hidden = hidden if hidden is not None else log.hidden_frame()
         self.complete = complete
         self.error = error
-        self._ops: pd.DataFrame | None = None
-        self._flow: analysis.FlowGraph | None = None
-        self._facts: pd.DataFrame | None = None
-        self._causes: pd.DataFrame | None = None
+        self._analysis: analysis.Analysis | None = None
 
     @classmethod
     def from_raw(cls, raw: RawLog) -> Audit:
@@ -59,50 +56,47 @@ class Audit:
         return cls(read.events, read.tensors, complete=read.complete, error=read.error, hidden=read.hidden)
 
     # -- analyses ----------------------------------------------------------------------------
+    def analysis(self) -> analysis.Analysis:
+        """The analysis of this log (:func:`auditor.analysis.analyze`), every stage run once
+        and cached; large audits show a progress bar over the stages (``display.progress``)."""
+        a = self._pipeline()
+        if not a.done:
+            with progress.bar(len(analysis.STAGES), "analysing the audit", work=len(self.events),
+                              min_work=progress.LARGE_AUDIT, unit="stage") as bar:
+                a.run(lambda name: progress.stage(bar, name))
+        return a
+
+    def _pipeline(self) -> analysis.Analysis:
+        """The analysis object, its stages run as they are asked for."""
+        if self._analysis is None:
+            self._analysis = analysis.Analysis(self.events, self.tensors, self.hidden)
+        return self._analysis
+
     def flow(self) -> analysis.FlowGraph:
         """The data-flow graph of the log (cached): producers and consumers of every op."""
-        if self._flow is None:
-            self._flow = analysis.FlowGraph(self.events, self.tensors)
-        return self._flow
+        return self._pipeline().flow
 
     def facts(self) -> pd.DataFrame:
         """Per tensor row, what the data flow knew about it (cached): whether it is an image,
         where its channels run, its format label as that image, and what an ambiguous one
         stands for (:func:`auditor.analysis.image_facts`)."""
-        if self._facts is None:
-            self._facts = analysis.image_facts(self.events, self.tensors)
-        return self._facts
+        return self._pipeline().facts
 
     def ops(self) -> pd.DataFrame:
         """``events`` with the classification, data-flow and cause columns (cached)."""
-        if self._ops is None:
-            # seconds on a large audit: a bar over the stages (display.progress decides whether)
-            with progress.bar(4, "analysing the audit", work=len(self.events), min_work=progress.LARGE_AUDIT,
-                              unit="stage") as bar:
-                with progress.stage(bar, "facts"):
-                    facts = self.facts()
-                with progress.stage(bar, "flow"):
-                    flow = self.flow()
-                with progress.stage(bar, "classification"):
-                    ops = analysis.ops_table(self.events, self.tensors, flow, facts)
-                with progress.stage(bar, "causes"):
-                    causes, event_cause = analysis.cause_table(
-                        analysis.FlowView(ops, flow), facts, analysis.coverage(ops, self.tensors), self.hidden)
-            # a recording-mode artifact that nothing explains is no hotspot of the plain run
-            self._ops = ops.assign(cause=event_cause, hotspot=ops["hotspot"].to_numpy() & (event_cause > 0))
-            self._causes = causes
-        return self._ops
+        return self.analysis().ops
 
     def causes(self) -> pd.DataFrame:
         """One row per cause: the op and line where an activation first left its format, with
-        the hotspots it leads to (its symptoms, forward and backward), most bytes first."""
-        self.ops()
-        return self._causes.copy()
+        the hotspots it leads to (its symptoms, forward and backward): the most time a fix
+        saves first when timed, else the most bytes."""
+        return self.analysis().causes.copy()
 
     def hotspots(self) -> pd.DataFrame:
-        """Losses and conversions on conv -> ... -> conv paths, grouped, largest bytes first;
-        ``cause`` names the row of :meth:`causes` each belongs to."""
-        return analysis.hotspots(self.ops())
+        """Losses and conversions on conv -> ... -> conv paths, grouped, the most time first
+        when timed, else the largest bytes; ``cause`` names the row of :meth:`causes` each
+        belongs to."""
+        return self.analysis().hotspots()
 
     def summary(self, depth: int = 1) -> pd.DataFrame:
         """Per-module totals at ``depth`` (1 = children of the root), in execution order."""
@@ -110,7 +104,7 @@ class Audit:
 
     def coverage(self) -> pd.DataFrame:
         """Per aten op: how often it preserved or lost channels_last on this device and dtype."""
-        return analysis.coverage(self.ops(), self.tensors)
+        return self.analysis().coverage.copy()
 
     def report(self, top: int = 10, depth: int = 1) -> str:
         """A one-screen text report: totals, the ``top`` causes with their symptoms folded under

@@ -2,21 +2,18 @@
 
 ``FormatAuditor`` is the public face of the recorder, like ``torch.utils.flop_counter``'s
 ``FlopCounterMode``: it owns the private dispatch mode and the module tracker, and hands back an
-:class:`~auditor._result.Audit`. :func:`record_step` is what "one step" means everywhere (the
-``audit()`` function, layout plans, fake audits reuse its pieces).
+:class:`~auditor._result.Audit`. :func:`record_step` records one :class:`~auditor._step.Step`.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Mapping
-
-import torch
 
 from ._result import Audit
-from .recording._mode import RawLog, RecorderMode, process_group
+from ._step import Step
+from .recording._mode import RecorderMode
 from .recording._modules import ForwardModuleTracker
-from .recording._profile import ProfileSession, join
+from .recording._profile import ProfileSession
 from .recording._torch import current_dispatch_mode_stack, pop_mode, require_recorder
 
 
@@ -122,22 +119,8 @@ class FormatAuditor:
                 finally:
                     types = dict(tracker.types) if tracker is not None else {}
                     self._teardown()
-            rank, world_size = process_group()
-            raw = RawLog(
-                rank=rank,
-                world_size=world_size,
-                events=mode.events,
-                tensors=mode.tensors,
-                layouts=list(mode.layouts),
-                module_types=types,
-                complete=exc_type is None,
-                error="" if exc_type is None else f"{exc_type.__name__}: {exc}",
-                compiled=mode.compiled_events(),
-            )
-            if result is not None:
-                timing = join([e[0] for e in mode.events], mode.failed, result)
-                raw.time_ns, raw.start_ns, raw.gap_ns, raw.hidden = (
-                    timing.time_ns, timing.start_ns, timing.gap_ns, timing.hidden)
+            raw = mode.finish(types, complete=exc_type is None,
+                              error="" if exc_type is None else f"{exc_type.__name__}: {exc}", profile=result)
             del result
             self._audit = Audit.from_raw(raw)
         finally:
@@ -183,74 +166,10 @@ def _leave(mode: RecorderMode, exc_type=None, exc=None, tb=None) -> None:
             pop_mode()
 
 
-def loss_to_backward(loss_fn: Callable, output) -> torch.Tensor:
-    """``loss_fn(output)``, checked: a step's backward needs something that requires grad."""
-    loss = loss_fn(output)
-    if not (isinstance(loss, torch.Tensor) and loss.requires_grad):
-        raise ValueError(
-            "backward=True, but the loss requires grad on nothing: give the model trainable "
-            "parameters or inputs that require grad, or pass backward=False"
-        )
-    return loss
-
-
-def default_loss(output) -> torch.Tensor:
-    """The loss of a step when none is given: the sum of every floating output."""
-    if isinstance(output, torch.Tensor):
-        return output.float().sum()
-    if isinstance(output, dict):
-        output = list(output.values())
-    if isinstance(output, (list, tuple)):
-        parts = [o.float().sum() for o in output if isinstance(o, torch.Tensor) and o.is_floating_point()]
-        if parts:
-            return torch.stack(parts).sum()
-    raise TypeError(
-        f"cannot make a loss from a model output of type {type(output).__name__}; pass loss_fn="
-    )
-
-
-def record_step(
-    model: Callable,
-    inputs: tuple,
-    *,
-    kwargs: Mapping | None = None,
-    backward: bool = True,
-    loss_fn: Callable | None = None,
-    optimizer: torch.optim.Optimizer | None = None,
-    strict: bool = False,
-    record_source: bool = False,
-    record_time: bool = False,
-) -> Audit:
-    """One step of ``model`` on ``inputs`` (and keyword arguments ``kwargs``) under a
-    :class:`FormatAuditor`: the forward pass, then (``backward``) ``loss_fn(output).backward()``
-    (default :func:`default_loss`), then ``optimizer.step()``. Exceptions from the model
-    propagate."""
+def record_step(step: Step, *, strict: bool = False, record_source: bool = False,
+                record_time: bool = False) -> Audit:
+    """``step`` run once under a :class:`FormatAuditor`. Exceptions from the model propagate."""
     fa = FormatAuditor(strict=strict, record_source=record_source, record_time=record_time)
     with fa:
-        run_step(model, inputs, kwargs=kwargs, backward=backward, loss_fn=loss_fn, optimizer=optimizer)
+        step.run()
     return fa.audit
-
-
-def check_kwargs(kwargs) -> dict:
-    """The model's keyword arguments as a dict; anything but a Mapping (or None) is refused."""
-    if kwargs is None:
-        return {}
-    if not isinstance(kwargs, Mapping):
-        raise TypeError(f"kwargs must be a mapping of keyword arguments for the model, got {type(kwargs).__name__}")
-    bad = [k for k in kwargs if not isinstance(k, str)]
-    if bad:
-        raise TypeError(f"kwargs keys must be argument names (str), got {bad[0]!r}")
-    return dict(kwargs)
-
-
-def run_step(model: Callable, inputs: tuple, *, kwargs: Mapping | None = None, backward: bool = True,
-             loss_fn: Callable | None = None, optimizer: torch.optim.Optimizer | None = None) -> object:
-    """One step, unrecorded: the forward pass (``model(*inputs, **kwargs)``), then
-    ``loss_fn(output).backward()`` and ``optimizer.step()`` when ``backward``. Returns the
-    output."""
-    output = model(*inputs, **check_kwargs(kwargs))
-    if backward:
-        loss_to_backward(loss_fn or default_loss, output).backward()
-        if optimizer is not None:
-            optimizer.step()
-    return output

@@ -22,9 +22,8 @@ import torch
 
 import auditor
 from auditor import plot
-from auditor._session import default_loss
+from auditor._step import Step
 from auditor.plan import default_clock, time_interleaved
-from auditor.plan._harness import step_fn
 from auditor.recording._csv import atomic_write
 
 #: What ``--out`` receives.
@@ -102,7 +101,7 @@ def main(argv=None) -> int:
 
 
 def _time(model, fixed, x, fixes, rounds: int):
-    before_step, after_step = (step_fn(m, (x,), True, default_loss) for m in (model, fixed))
+    before_step, after_step = (Step(m, (x,)).timed() for m in (model, fixed))
 
     def before():
         with fixes.restored():

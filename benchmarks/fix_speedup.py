@@ -132,7 +132,7 @@ def bench_model(name: str, args) -> list[dict]:
 
         def loss_fn(out):
             return F.cross_entropy(out, y)
-        p = plan.plan_layout(base, x, train=train, loss_fn=loss_fn, repeats=args.plan_repeats,
+        p = plan.plan_layout(base, x, backward=train, loss_fn=loss_fn, repeats=args.plan_repeats,
                              recordings=args.recordings, clock=args.clock)
         plan_s = time.perf_counter() - t0
         variants = {"contiguous": copy.deepcopy(base), "channels_last": copy.deepcopy(base).to(memory_format=CL),

@@ -44,7 +44,7 @@ except ImportError:  # run from a checkout without the editable install
 from planted import CAUSE_MODELS, make_cause  # noqa: E402
 from zoo_patches import ZOO, patched  # noqa: E402
 
-from auditor._session import run_step  # noqa: E402
+from auditor._step import Step  # noqa: E402
 from auditor.plan._decide import ratios  # noqa: E402
 
 WARMUP_ROUNDS = 2
@@ -63,9 +63,10 @@ def scaled(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 def step_seconds(model, inputs) -> float:
     """CPU seconds of one training step; gradients reset beforehand, untimed."""
+    step = Step(model, inputs).timed()  # the gradients reset before the clock starts
     model.zero_grad(set_to_none=True)
     t0 = time.process_time()
-    run_step(model, inputs)
+    step()
     return time.process_time() - t0
 
 

@@ -280,3 +280,31 @@ def test_ops_table_is_cached_and_plain_data(audits):
     a = audits["clean"]
     assert a.ops() is a.ops()
     assert isinstance(a.hotspots(), pd.DataFrame)
+
+
+class GradientsMeet(nn.Module):
+    """Two gradients of one image meet in an out-of-place sum the recording mode makes
+    (``events.artifact``), one of them from a copy into contiguous order."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = (nn.Conv2d(i, 8, 3, padding=1) for i in (3, 8, 8))
+
+    def forward(self, x):
+        y = self.a(x)
+        return self.c(torch.relu(self.b(y)) + y).contiguous().sum(1, keepdim=True) * y
+
+
+def test_the_public_analyzers_give_the_audits_hotspots(audits):
+    """``hotspots(ops_table(...))`` and ``analyze(...)`` are what ``Audit.hotspots()`` shows:
+    one pipeline decides what a hotspot is, the artifact rule included."""
+    torch.manual_seed(0)
+    meet = auditor.audit(GradientsMeet().to(memory_format=torch.channels_last),
+                         torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last))
+    assert (meet.ops()["artifact"] & meet.ops()["hotspot"]).any()
+    for a in [*audits.values(), meet]:
+        by_table = analysis.hotspots(analysis.ops_table(a.events, a.tensors, hidden=a.hidden))
+        pd.testing.assert_frame_equal(by_table, a.hotspots())
+        found = analysis.analyze(a.events, a.tensors, a.hidden)
+        pd.testing.assert_frame_equal(found.hotspots(), a.hotspots())
+        pd.testing.assert_frame_equal(found.causes, a.causes())

@@ -378,9 +378,11 @@ class CauseTracer:
 
 
 
-def cause_table(view: FlowView, facts: pd.DataFrame, coverage: pd.DataFrame | None = None,
-                hidden: pd.DataFrame | None = None) -> tuple[pd.DataFrame, np.ndarray]:
-    """(one row per cause, costliest first; the cause id of every event, 0 where none).
+def cause_table(tracer: CauseTracer | FlowView, facts: pd.DataFrame | None = None,
+                coverage: pd.DataFrame | None = None, hidden: pd.DataFrame | None = None
+                ) -> tuple[pd.DataFrame, np.ndarray]:
+    """(one row per cause, costliest first; the cause id of every event, 0 where none), traced
+    by ``tracer`` (or by a new one over a ``FlowView``, the ``facts`` and the ``coverage``).
 
     Causes are grouped per line: (phase, op, source, kind) when source lines were recorded,
     (phase, module, op, kind) otherwise. ``hotspots`` counts the hotspot ops a cause leads to,
@@ -390,8 +392,10 @@ def cause_table(view: FlowView, facts: pd.DataFrame, coverage: pd.DataFrame | No
     itself (``events.artifact``: an out-of-place gradient sum) and that nothing upstream
     explains gets no cause: a plain run does not do it.
     """
+    if isinstance(tracer, FlowView):
+        tracer = CauseTracer(tracer, facts, coverage)
+    view = tracer.view
     ops = view.ops
-    tracer = CauseTracer(view, facts, coverage)
     hot = np.flatnonzero(ops["hotspot"].to_numpy())
     artifact = ops["artifact"].to_numpy() if "artifact" in ops else np.zeros(len(ops), dtype=bool)
     traced = {int(h): tracer.cause(int(h)) for h in hot}

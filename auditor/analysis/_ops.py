@@ -1,7 +1,8 @@
 """Hotspots: the losses and conversions on conv -> ... -> conv paths, per op and grouped.
 
-:func:`ops_table` joins the classification and the data flow into one row per event, the table
-every other analyzer reads; :func:`hotspots` groups its hotspot rows.
+:func:`classified_ops` joins the classification and the data flow into one row per event, the
+table the causes are traced over (:mod:`._pipeline` adds them and the final hotspot mask);
+:func:`hotspots` groups the hotspot rows of the final table.
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ def op_times(ops: pd.DataFrame) -> np.ndarray:
     return np.full(len(ops), np.nan)
 
 
-def ops_table(events: pd.DataFrame, tensors: pd.DataFrame, graph: FlowGraph | None = None,
-              facts: pd.DataFrame | None = None) -> pd.DataFrame:
-    """``events`` plus the classification and data-flow columns the other analyzers use.
+def classified_ops(events: pd.DataFrame, tensors: pd.DataFrame, graph: FlowGraph | None = None,
+                   facts: pd.DataFrame | None = None) -> pd.DataFrame:
+    """``events`` plus the classification and data-flow columns the causes are traced over.
 
     Added columns: ``kind``, ``bytes``, ``from_format``, ``to_format``, ``is_conv``,
     ``cl_input``, ``after_conv`` (a convolution feeds it, in its phase), ``before_conv`` (it
@@ -40,7 +41,8 @@ def ops_table(events: pd.DataFrame, tensors: pd.DataFrame, graph: FlowGraph | No
     convolution or an op after one; in backward that operand may be an activation saved in
     forward, so its producer is looked up across phases), when it permutes its weight (every
     step), and a convolution that loses channels_last is one when it reads from or writes to
-    such a path. A layout-independent copy is never one. ``graph`` and ``facts`` are the
+    such a path. A layout-independent copy is never one. This ``hotspot`` is a candidate: the
+    final mask keeps those that have a cause (:class:`~._pipeline.Analysis`). ``graph`` and ``facts`` are the
     audit's :class:`FlowGraph` and :func:`~.activations.image_facts`, built here when not given.
     """
     facts = facts if facts is not None else image_facts(events, tensors)

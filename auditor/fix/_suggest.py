@@ -201,9 +201,8 @@ def suggest_fixes(audit: Audit) -> Fixes:
     causes = audit.causes()
     if causes.empty:
         return Fixes(pd.DataFrame(columns=FIX_COLUMNS), hot.assign(fix=pd.Series(dtype="int64")))
-    ops = audit.ops()
-    view = analysis.FlowView(ops, audit.flow())
-    tracer = analysis.CauseTracer(view, audit.facts(), audit.coverage())
+    found = audit.analysis()
+    ops, view, tracer = found.ops, found.view(), found.tracer
     backward = bool((ops["phase"] == "backward").any())
     rows = []
     for cause in causes.itertuples():

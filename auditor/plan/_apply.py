@@ -73,10 +73,10 @@ def apply_plan(model: nn.Module, plan: LayoutPlan, *, check: bool = True) -> App
     after_audit, diff, close = None, float("nan"), False
     if check:
         probe = copy.deepcopy(model)
-        after_audit = record(probe, plan.inputs, plan.train, plan.loss_fn, kwargs=plan.kwargs)
+        after_audit = record(plan.step.replace(model=probe))
         after = hotspot_totals(after_audit)
         before = before.merge(after, on="phase", suffixes=("_before", "_after"))
-        out = reference_output(model, plan.inputs, plan.kwargs)
+        out = reference_output(plan.step.replace(model=model))
         diff, close = compare_outputs(plan.reference, out)
     else:
         before = before.rename(columns={"groups": "groups_before", "bytes": "bytes_before"})

@@ -6,39 +6,23 @@ import copy
 
 import pandas as pd
 import torch
-import torch.nn as nn
 
 from .._result import Audit
 from .._session import record_step
+from .._step import Step
 from ..recording._torch import pytree
 
 
-def bind(model, kwargs: dict | None):
-    """``model``, or a callable that passes ``kwargs`` to it with the positional inputs."""
-    if not kwargs:
-        return model
-
-    def call(*inputs):
-        return model(*inputs, **kwargs)
-    return call
+def record(step: Step, record_time: bool = False) -> Audit:
+    """One audited ``step`` (a training step, or an inference call under ``no_grad``)."""
+    return record_step(step, record_time=record_time)
 
 
-def record(model, inputs, train, loss_fn, record_time=False, kwargs: dict | None = None) -> Audit:
-    """One audited training step (``train``) or inference call of ``model`` on ``inputs``
-    (and keyword arguments ``kwargs``)."""
-    model = bind(model, kwargs)
-    if train:
-        return record_step(model, tuple(inputs), backward=True, loss_fn=loss_fn, record_time=record_time)
-    with torch.no_grad():
-        return record_step(model, tuple(inputs), backward=False, record_time=record_time)
-
-
-def reference_output(model: nn.Module, inputs, kwargs: dict | None = None) -> object:
-    """The model's output on ``inputs`` in eval mode (deterministic: no dropout, running
-    statistics), computed on a copy so the caller's model keeps its state."""
-    ref = copy.deepcopy(model).eval()
-    with torch.no_grad():
-        out = ref(*inputs, **(kwargs or {}))
+def reference_output(step: Step) -> object:
+    """The output of ``step``'s model on its inputs in eval mode (deterministic: no dropout,
+    running statistics), computed on a copy so the caller's model keeps its state."""
+    ref = copy.deepcopy(step.model).eval()
+    out = step.replace(model=ref, backward=False).run()
     return pytree.tree_map(lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t, out)
 
 

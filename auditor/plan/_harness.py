@@ -17,7 +17,6 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 import torch
-import torch.nn as nn
 
 try:
     import resource
@@ -176,22 +175,3 @@ def median_times(fns: dict[str, Callable[[], object]], repeats: int = 7, *, min_
     clock = clock or default_clock(device)
     t = time_interleaved(fns, repeats, min_sample_us=min_sample_us, device=device)
     return t[f"{clock}_us"].to_dict()
-
-
-def step_fn(model: nn.Module, inputs: tuple, train: bool, loss_fn: Callable,
-            kwargs: dict | None = None) -> Callable[[], object]:
-    """One inference call, or one forward + backward with gradients reset beforehand."""
-    kwargs = kwargs or {}
-    if not train:
-        def infer():
-            with torch.no_grad():
-                return model(*inputs, **kwargs)
-        return infer
-
-    params = [p for p in model.parameters() if p.requires_grad]
-
-    def step():
-        for p in params:
-            p.grad = None
-        loss_fn(model(*inputs, **kwargs)).backward()
-    return step

@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 
 from .._result import Audit
-from .._session import default_loss
+from .._step import Step, default_loss
 from ..analysis import FlowView
 from ..display._html import header_html, table_html
 from ..display.progress import bar as progress_bar
@@ -22,7 +22,7 @@ from ..fix._hooks import is_conv_module, remove_input_formats
 from ..recording._formats import base_format
 from ..recording._torch import pytree
 from ._assign import CL_NAME, converted_inputs, rank_names
-from ._check import bind, record, reference_output
+from ._check import record, reference_output
 from ._cut import energy, min_cut, regions
 from ._decide import decide, ratios
 from ._graph import hotspot_edges, plan_graph
@@ -96,7 +96,9 @@ class LayoutPlan:
             model's convolution weights as given (``contiguous`` for a freshly built model).
         margin: what an alternative must gain, as a fraction, for a decision to take it.
         clock: ``wall`` or ``cpu``, the clock of every measurement (:func:`default_clock`).
-        train: planned for a training step (forward + backward) rather than inference.
+        step: the step planned for (its ``backward``: a training step rather than
+            inference), on the inputs as given; ``train``, ``inputs``, ``kwargs`` and
+            ``loss_fn`` read from it.
         audit: the channels_last audit the plan was built from (``before`` in
             :func:`apply_plan`).
     """
@@ -106,17 +108,31 @@ class LayoutPlan:
     convs: pd.DataFrame
     conversions: pd.DataFrame
     candidates: pd.DataFrame
-    train: bool
+    step: Step
     audit: Audit
-    inputs: tuple = field(repr=False, default=())
     reference: object = field(repr=False, default=None)
-    loss_fn: Callable | None = field(repr=False, default=None)
     device: str = "cpu"
     clock: str = "wall"
     calls: list = field(repr=False, default_factory=list)
-    kwargs: dict = field(repr=False, default_factory=dict)
     default: str = "contiguous"
     margin: float = 0.02
+
+    @property
+    def train(self) -> bool:
+        """Planned for a training step (``step.backward``)."""
+        return self.step.backward
+
+    @property
+    def inputs(self) -> tuple:
+        return self.step.inputs
+
+    @property
+    def kwargs(self) -> dict:
+        return dict(self.step.kwargs)
+
+    @property
+    def loss_fn(self) -> Callable:
+        return self.step.loss_fn or default_loss
 
     def with_formats(self, **overrides: str) -> LayoutPlan:
         """A copy of the plan with some convolutions forced to a format (module names with
@@ -268,15 +284,17 @@ def _default_format(model: nn.Module, names: list[str]) -> str:
     return "channels_last" if votes["channels_last"] > votes["contiguous"] else "contiguous"
 
 
-def plan_layout(model: nn.Module, *inputs, kwargs: Mapping[str, object] | None = None, train: bool = False,
+def plan_layout(model: nn.Module, *inputs, kwargs: Mapping[str, object] | None = None, backward: bool | None = None,
                 loss_fn: Callable | None = None, repeats: int = 7, max_repeats: int = 35, recordings: int = 3,
-                margin: float = 0.02, clock: str | None = None, progress: bool | None = None) -> LayoutPlan:
+                margin: float = 0.02, clock: str | None = None, progress: bool | None = None,
+                train: bool | None = None) -> LayoutPlan:
     """Measure, on this device, which format each convolution of ``model`` should run in.
 
     ``inputs`` (and keyword arguments ``kwargs``, a mapping) are what the model is called with,
     as it will be in use (a plain contiguous batch, say); converting them is part of the plan
-    and of its measured time. ``train=True`` plans a training step (forward,
-    ``loss_fn(output).backward()``, default ``output.sum()``) instead of inference.
+    and of its measured time. ``backward=True`` plans a training step (forward,
+    ``loss_fn(output).backward()``, default ``output.sum()``) instead of inference, as it means
+    in :func:`auditor.audit` (``train=`` is its old, deprecated name).
 
     Every decision compares two candidates in interleaved rounds and looks at the median of the
     paired ratios and its 98% interval (:mod:`auditor.plan._decide`): ``repeats`` rounds first,
@@ -293,22 +311,27 @@ def plan_layout(model: nn.Module, *inputs, kwargs: Mapping[str, object] | None =
     The model is not modified: all work happens on copies. Returns a :class:`LayoutPlan`; see
     the package docstring for the method.
     """
+    if train is not None:
+        if backward is not None and backward != train:
+            raise TypeError("plan_layout: backward= and its old name train= disagree; pass backward= alone")
+        warnings.warn("plan_layout(train=...) is deprecated: pass backward=, as auditor.audit takes it",
+                      DeprecationWarning, stacklevel=2)
+        backward = train
     _check_arguments(model, inputs, kwargs, repeats, max_repeats, recordings, margin, clock)
-    kwargs = dict(kwargs or {})
-    loss_fn = loss_fn or default_loss
+    step = Step(model, inputs, kwargs or {}, backward=bool(backward), loss_fn=loss_fn or default_loss)
     given = _given_format(inputs)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     clock = clock or default_clock(device)
     bar = progress_bar(total=2 * recordings, desc="plan_layout: recording", flag=progress, unit="step")
     try:
-        return _plan(model, inputs, kwargs, train, loss_fn, repeats, max_repeats, recordings, margin, clock,
-                     given, device, bar)
+        return _plan(step, repeats, max_repeats, recordings, margin, clock, given, device, bar)
     finally:
         bar.close()
 
 
-def _plan(model, inputs, kwargs, train, loss_fn, repeats, max_repeats, recordings, margin, clock, given, device,
-          bar) -> LayoutPlan:
+def _plan(step: Step, repeats, max_repeats, recordings, margin, clock, given, device, bar) -> LayoutPlan:
+    model, train = step.model, step.backward
+
     def tick(n: int) -> None:
         bar.update(n)
 
@@ -317,8 +340,8 @@ def _plan(model, inputs, kwargs, train, loss_fn, repeats, max_repeats, recording
         bar.total = (bar.total or 0) + more
         bar.refresh()
 
-    cl_run, c_run = _uniform_copies(model, inputs, kwargs)
-    structure = record(*cl_run, train, loss_fn, record_time=True)
+    cl_step, c_step = _uniform_copies(step)
+    structure = record(cl_step, record_time=True)
     tick(1)
     if not structure.complete:
         raise RuntimeError(f"the model failed in channels_last: {structure.error}")
@@ -329,9 +352,9 @@ def _plan(model, inputs, kwargs, train, loss_fn, repeats, max_repeats, recording
     names = list(dict.fromkeys(c.module for c in calls))
     ranks = {n: model.get_submodule(n).weight.dim() for n in names}
     default = _default_format(model, names)
-    reference = reference_output(model, inputs, kwargs)
+    reference = reference_output(step)
 
-    ops_us = ops_between_convs(structure, cl_run, c_run, names, planned, given, train, loss_fn, recordings, tick)
+    ops_us = ops_between_convs(structure, cl_step, c_step, names, planned, given, recordings, tick)
     all_edges = edges + hotspot_edges(structure)
     stage("conversions", len({(e.shape, e.dtype) for e in all_edges if len(e.shape) in (4, 5)}))
     conversion_us = conversion_times(all_edges, repeats, device, clock, tick)
@@ -362,7 +385,7 @@ def _plan(model, inputs, kwargs, train, loss_fn, repeats, max_repeats, recording
         "all channels_last": dict.fromkeys(names, "channels_last"),
     }
     stage("whole model", len(set(map(lambda o: tuple(sorted(o.items())), options.values()))) * repeats)
-    cand_rounds, timed_as = candidate_rounds(model, inputs, kwargs, options, ranks, calls, train, loss_fn, device)
+    cand_rounds, timed_as = candidate_rounds(step, options, ranks, calls, device)
     cand = _choose(options, cand_rounds, timed_as, unary, pair, clock=clock, default=default, margin=margin,
                    repeats=repeats, max_repeats=max_repeats, tick=conv_tick)
     chosen = str(cand.loc[cand["chosen"], "candidate"].iloc[0])
@@ -374,9 +397,8 @@ def _plan(model, inputs, kwargs, train, loss_fn, repeats, max_repeats, recording
     plan = LayoutPlan(
         formats=formats, converted_inputs=converted_inputs(formats, calls), convs=convs,
         conversions=_conversions_frame(edges, structure, conversion_us, formats),
-        candidates=cand, train=train, audit=structure, inputs=tuple(inputs), reference=reference,
-        loss_fn=loss_fn, device=str(device), clock=clock, calls=calls, kwargs=kwargs, default=default,
-        margin=margin,
+        candidates=cand, step=step, audit=structure, reference=reference, device=str(device), clock=clock,
+        calls=calls, default=default, margin=margin,
     )
     if plan.within_noise:
         warnings.warn(f"plan_layout: the plan's choice is {plan.noise_note()}; more max_repeats, a quieter "
@@ -405,9 +427,10 @@ def _check_arguments(model, inputs, kwargs, repeats, max_repeats, recordings, ma
         raise ValueError(f"clock is 'wall' or 'cpu', got {clock!r}")
 
 
-def _uniform_copies(model: nn.Module, inputs: tuple, kwargs: dict) -> tuple[tuple, tuple]:
-    """(model call, inputs) copies all channels_last and all contiguous, without input hooks;
-    tensors among ``kwargs`` are converted like the inputs."""
+def _uniform_copies(step: Step) -> tuple[Step, Step]:
+    """``step`` on copies of its model all channels_last and all contiguous, without input
+    hooks; its inputs, and the tensors among its keyword arguments, converted alike."""
+    model, inputs, kwargs = step.model, step.inputs, dict(step.kwargs)
     cl_model = copy.deepcopy(model)
     remove_input_formats(cl_model)
     *cl_inputs, cl_kwargs = to_channels_last(cl_model, *inputs, kwargs)[1:]
@@ -415,7 +438,8 @@ def _uniform_copies(model: nn.Module, inputs: tuple, kwargs: dict) -> tuple[tupl
     remove_input_formats(c_model)
     c_inputs, c_kwargs = pytree.tree_map(lambda t: t.contiguous() if isinstance(t, torch.Tensor) else t,
                                          (list(inputs), kwargs))
-    return (bind(cl_model, cl_kwargs), tuple(cl_inputs)), (bind(c_model, c_kwargs), tuple(c_inputs))
+    return (step.replace(model=cl_model, inputs=tuple(cl_inputs), kwargs=cl_kwargs),
+            step.replace(model=c_model, inputs=tuple(c_inputs), kwargs=c_kwargs))
 
 
 def _cut_costs(unary, groups, default: str) -> dict[str, dict[str, float]]:

@@ -12,13 +12,14 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+from .._step import Step
 from ..fix._convert import CHANNELS_LAST_OF_RANK, convert_param
-from . import _harness as timing
+from . import _harness as harness
 from ._assign import CL_NAME, FORMAT_OF, apply_formats, converted_inputs, rank_names
 from ._check import record
 from ._decide import Decision, decide, median_interval, ratios
 from ._graph import Call, Edge, owned_time_us
-from ._harness import Rounds, median_times, step_fn
+from ._harness import Rounds, median_times
 
 
 def conv_signature(mod: nn.Module, c: Call) -> tuple:
@@ -50,7 +51,7 @@ def conv_rounds(model: nn.Module, calls: list[Call], train: bool, device) -> tup
             x = torch.randn(c.input_shape, dtype=c.dtype, device=m.weight.device).contiguous(memory_format=fmt)
             fns["contiguous" if fmt_name == "contiguous" else "channels_last"] = conv_step(
                 m, x, train, needs_input_grad=not c.from_model_input)
-        out[key] = Rounds(fns, min_sample_us=timing.SAMPLE_US, device=device)
+        out[key] = Rounds(fns, min_sample_us=harness.SAMPLE_US, device=device)
     return sigs, out
 
 
@@ -133,21 +134,18 @@ def conv_medians(rounds: dict[tuple, Rounds], clock: str) -> dict[tuple, dict[st
 
 
 def conv_step(m: nn.Module, x: torch.Tensor, train: bool, needs_input_grad: bool) -> Callable[[], object]:
+    """One convolution alone, timed: its forward, and in training its backward from a random
+    upstream gradient (its input's gradient only when it needs one)."""
     if not train:
-        def infer():
-            with torch.no_grad():
-                return m(x)
-        return infer
+        return Step(m, (x,), backward=False).timed()
     x = x.detach().requires_grad_(needs_input_grad)
     with torch.no_grad():
         grad = torch.randn_like(m(x))
+    return Step(m, (x,), loss_fn=_itself, gradient=grad).timed()
 
-    def step():
-        x.grad = None
-        for p in m.parameters():
-            p.grad = None
-        m(x).backward(grad)
-    return step
+
+def _itself(output):
+    return output
 
 
 def conversion_times(edges: list[Edge], repeats: int, device, clock,
@@ -163,23 +161,23 @@ def conversion_times(edges: list[Edge], repeats: int, device, clock,
         cl_src = c_src.contiguous(memory_format=cl)
         t = median_times({"channels_last": lambda s=c_src, f=cl: s.contiguous(memory_format=f),
                           "contiguous": lambda s=cl_src: s.contiguous()}, repeats,
-                         min_sample_us=timing.SAMPLE_US, device=device, clock=clock)
+                         min_sample_us=harness.SAMPLE_US, device=device, clock=clock)
         out[key] = t
         tick(1)
     return out
 
 
-def ops_between_convs(structure, cl_run, c_run, names, planned, given, train, loss_fn, recordings,
+def ops_between_convs(structure, cl_step: Step, c_step: Step, names, planned, given, recordings,
                       tick: Callable[[int], None] = lambda n: None):
     """Median time of the ops each convolution's output goes through, in both uniform formats,
-    over ``recordings`` timed audits each (the structure audit is the first channels_last one).
-    ``cl_run`` and ``c_run`` are (model call, inputs) pairs."""
+    over ``recordings`` timed audits each of the all channels_last and all contiguous steps
+    (the structure audit is the first channels_last one)."""
     owned = {"channels_last": [owned_time_us(structure, planned, given)], "contiguous": []}
     for i in range(recordings):
         if i:
-            owned["channels_last"].append(owned_time_us(record(*cl_run, train, loss_fn, True), planned, given))
+            owned["channels_last"].append(owned_time_us(record(cl_step, True), planned, given))
             tick(1)
-        owned["contiguous"].append(owned_time_us(record(*c_run, train, loss_fn, True), planned, given))
+        owned["contiguous"].append(owned_time_us(record(c_step, True), planned, given))
         tick(1)
     return {f: {n: statistics.median(d.get(n, 0.0) for d in owned[f]) for n in names} for f in owned}
 
@@ -207,18 +205,18 @@ def border_costs(edges: list[Edge], times: dict, names: list[str], train: bool):
     return fixed, pair
 
 
-def candidate_rounds(model, inputs, kwargs, options, ranks, calls, train, loss_fn, device) -> tuple[Rounds, dict[str, str]]:
-    """Each candidate labelling applied to a copy of ``model``, ready to be timed end to end in
-    interleaved rounds; identical labellings are timed once. Returns the rounds and, per
+def candidate_rounds(step: Step, options, ranks, calls, device) -> tuple[Rounds, dict[str, str]]:
+    """Each candidate labelling applied to a copy of ``step``'s model, ready to be timed end to
+    end in interleaved rounds; identical labellings are timed once. Returns the rounds and, per
     candidate, the name it is timed under."""
     fns, seen, timed_as = {}, {}, {}
     for name, labels in options.items():
         key = tuple(sorted(labels.items()))
         if key not in seen:
             seen[key] = name
-            m = copy.deepcopy(model)
+            m = copy.deepcopy(step.model)
             formats = rank_names(labels, ranks)
             apply_formats(m, formats, converted_inputs(formats, calls))
-            fns[name] = step_fn(m, inputs, train, loss_fn, kwargs)
+            fns[name] = step.replace(model=m).timed()
         timed_as[name] = seen[key]
-    return Rounds(fns, min_sample_us=timing.MODEL_SAMPLE_US, device=device), timed_as
+    return Rounds(fns, min_sample_us=harness.MODEL_SAMPLE_US, device=device), timed_as

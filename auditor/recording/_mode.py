@@ -30,6 +30,7 @@ from . import _rules as rules
 from ._facts import FactsReplay
 from ._formats import format_label, has_strides, nbytes
 from ._modules import GLOBAL_LABEL, ForwardModuleTracker, module_names
+from ._profile import join
 from ._torch import (
     OP_CALL_FORWARDS,
     OpOverload,
@@ -537,6 +538,22 @@ class RecorderMode(TorchDispatchMode):
                 f"{info.name} lost channels_last in module '{module}' ({PHASES[phase]}): "
                 f"{verdict.from_format} -> {verdict.to_format}. Inputs: {inputs}"
             )
+
+    def finish(self, module_types: dict[str, str], *, complete: bool = True, error: str = "",
+               profile=None) -> RawLog:
+        """What this recording leaves behind, once the mode is off the stack: its buffers (the
+        RawLog shares them until :meth:`release`), the module types the tracker saw, whether
+        the recorded code finished, and, given ``profile`` (the raw result of the profiler
+        that ran beside the mode), each op's kernel time and the copies inside it."""
+        rank, world_size = process_group()
+        raw = RawLog(rank=rank, world_size=world_size, events=self.events, tensors=self.tensors,
+                     layouts=list(self.layouts), module_types=module_types, complete=complete, error=error,
+                     compiled=self.compiled_events())
+        if profile is not None:
+            timing = join([e[0] for e in self.events], self.failed, profile)
+            raw.time_ns, raw.start_ns, raw.gap_ns, raw.hidden = (
+                timing.time_ns, timing.start_ns, timing.gap_ns, timing.hidden)
+        return raw
 
     def compiled_events(self) -> list[int]:
         """Seqs of the ops that ran inside a ``torch.compile``'d callable, and of the backward
