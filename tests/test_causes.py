@@ -3,8 +3,13 @@ cause, and the same causes whatever mode the model runs in."""
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import inspect
 import linecache
+import re
+import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -355,3 +360,42 @@ def test_region_fix_finds_convolutions_whatever_their_type_is_called():
     assert done["applied"].all()
     torch.testing.assert_close(model(x), ref, rtol=1e-4, atol=1e-5)
     assert auditor.audit(model, x).hotspots().empty
+
+
+# -- the pattern registry -----------------------------------------------------------------------
+
+
+def _emitted_patterns() -> tuple[set[str], list[str]]:
+    """(the registry constants ``CauseTracer.pattern`` returns, the bare strings it returns)."""
+    from auditor.analysis import CauseTracer
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(CauseTracer.pattern)))
+    named = {node.value.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute) and node.attr == "name"
+             and isinstance(node.value, ast.Attribute) and isinstance(node.value.value, ast.Name)
+             and node.value.value.id == "patterns"}
+    bare = [node.value.value for node in ast.walk(tree) if isinstance(node, ast.Return)
+            and isinstance(node.value, ast.Constant)]
+    return named, bare
+
+
+def test_every_pattern_the_tracer_can_emit_is_complete():
+    """A pattern is one registry record: what happened, the remedy, the fix text, what the
+    timing model replaces, and at least one fix generator; the tracer emits registry constants
+    only (a typo fails at once), every registered pattern can be emitted, and the README's
+    table is the registry."""
+    from auditor.analysis import PATTERNS, _patterns, fix_generators, pattern
+
+    named, bare = _emitted_patterns()
+    assert not bare, f"CauseTracer.pattern returns bare strings {bare}: return a registered pattern's name"
+    emitted = {getattr(_patterns, constant).name for constant in named}
+    assert emitted == set(PATTERNS)
+    for p in PATTERNS.values():
+        assert p.happened and p.remedy and p.fix, p
+        assert p.replaces in (None, _patterns.WRITE, _patterns.COPY_AFTER), p
+        assert fix_generators(p.name), f"no fix generator is registered for {p.name}"
+    with pytest.raises(KeyError, match="no cause pattern 'mean_backwards'"):
+        pattern("mean_backwards")
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    block = readme.split("| pattern | what happened | the one-line fix |\n| --- | --- | --- |\n", 1)[1].split("\n\n")[0]
+    table = {m[0]: (m[1], m[2]) for m in re.findall(r"^\| `([a-z0-9_]+)` \| (.+?) \| (.+?) \|$", block, flags=re.M)}
+    assert table == {p.name: (p.happened, p.remedy) for p in PATTERNS.values()}

@@ -18,10 +18,17 @@ from ._causes import CAUSE_COLUMNS, CauseTracer, cause_table
 from ._classification import classify
 from ._flow import FlowGraph, FlowView, flow_links, reachable, view_roots
 from ._ops import HOTSPOT_COLUMNS, HOTSPOT_KEYS, hotspots
+from ._patterns import PATTERNS, Pattern, fix_generators, pattern, register_fix, register_pattern
 from ._pipeline import STAGES, Analysis, analyze, ops_table
 from ._summaries import coverage, diff, diff_causes, module_at_depth, naive_losses, summary
 
 __all__ = [
+    "PATTERNS",
+    "Pattern",
+    "fix_generators",
+    "pattern",
+    "register_fix",
+    "register_pattern",
     "STAGES",
     "Analysis",
     "analyze",

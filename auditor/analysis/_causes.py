@@ -15,46 +15,16 @@ import pandas as pd
 
 from ..recording import _rules as rules
 from ..recording._formats import base_format, channels_last_order, logical_order
+from . import _patterns as patterns
 from ._activations import op_flags, parse_tuple
-from ._costs import REPLACEMENTS, copy_cost, own_saving_us, saving_us, timed
+from ._costs import copy_cost, own_saving_us, saving_us, timed
 from ._flow import FlowView
 
-#: Cause kinds: an op lost channels_last unasked, a copy converted it on request, a weight is
-#: stored or rebuilt in another format than its convolution computes in, or data joined the
-#: path in another format.
-LOSES, CONVERTS, WEIGHT, JOINS = "loses", "converts", "weight", "joins"
-
-#: Patterns a cause can follow, with the one-line fix each suggests (``{...}`` filled in).
-PATTERNS: dict[str, str] = {
-    "explicit_copy": "ask for {cl} here (.contiguous(memory_format=torch.{cl})), or drop the copy",
-    "reshape_merge": "this reshape merges C with other dimensions, which {cl} cannot view: reshape the NHWC "
-                     "view instead (permute(0, 2, 3, 1) first) or keep this region contiguous",
-    "channel_shuffle": "use torch.nn.functional.channel_shuffle(x, groups), which keeps {cl}",
-    "inplace_view": "write `y = y + ...` instead of an in-place op on a view: autograd copies the gradient of "
-                    "a view written in place into contiguous order",
-    "channel_slice": "split the channels with torch.split or torch.chunk instead of slicing them: the backward "
-                     "of a slice writes contiguous zeros",
-    "stack_reduce": "combine the branches without stacking them (a + b, or a weighted sum): the reduction over "
-                    "the stacked dimension writes contiguous",
-    "nc11_broadcast": "broadcast the N×C×1×1 map with .expand(-1, -1, H, W).contiguous(memory_format=torch.{cl}) "
-                      "instead: this op writes it full size in contiguous order",
-    "mean_backward": "PyTorch's backward of a mean over H and W writes contiguous: pool with "
-                     "F.avg_pool2d(x, x.shape[-2:]) (or x.sum((2, 3), keepdim=True) / (H * W)) instead",
-    "weight_rebuilt": "the weight is rebuilt in {fmt} order every step and the convolution permutes it: flatten "
-                      "the {cl} parameter in its memory order (w.permute{to_memory_order}, which the reshape "
-                      "then views) and permute the result back (.permute{from_memory_order}); statistics over "
-                      "the flattened dims do not depend on their order",
-    "weight_format": "store this convolution's weight in {cl} "
-                     "(auditor.convert_conv{dims}d_weight_memory_format)",
-    "conv_no_kernel": "this convolution has no {cl} kernel for this shape on this device (coverage: {support}): "
-                      "run it, and what it feeds, contiguous",
-    "no_cl_kernel": "{op} has no {cl} kernel on this device (coverage: {support}): use a format-keeping "
-                    "version, or keep this region contiguous",
-    "loses": "{op} wrote {fmt} from a {cl} input here: make its result {cl} "
-             "(.contiguous(memory_format=torch.{cl}))",
-    "joins": "this tensor joins the {cl} path in {fmt} order: make it {cl} where it is created (compute it on "
-             "the image, or a 4-D view of it, rather than on a reshaped copy)",
-}
+#: Cause kinds: an op lost channels_last unasked (:data:`LOSES`, the op kind), a copy converted
+#: it on request (:data:`CONVERTS`), a weight is stored or rebuilt in another format than its
+#: convolution computes in, or data joined the path in another format.
+LOSES, CONVERTS = rules.LOSES, rules.CONVERTS
+WEIGHT, JOINS = "weight", "joins"
 
 CAUSE_COLUMNS = [
     "cause", "phase", "module", "module_type", "op", "kind", "pattern", "source", "calls", "hotspots",
@@ -253,34 +223,34 @@ class CauseTracer:
 
     # -- patterns ---------------------------------------------------------------------------
     def pattern(self, c: int, kind: str) -> str:
-        """Which known pattern cause ``c`` follows (a key of :data:`PATTERNS`)."""
+        """Which registered pattern cause ``c`` follows (:data:`.patterns.PATTERNS`)."""
         if kind == WEIGHT:
-            return "weight_format" if self.is_conv[c] else "weight_rebuilt"
+            return patterns.WEIGHT_FORMAT.name if self.is_conv[c] else patterns.WEIGHT_REBUILT.name
         if self.is_conv[c]:
-            return "conv_no_kernel"
+            return patterns.CONV_NO_KERNEL.name
         origin = int(self.forward_seq[c]) if self.phase[c] == "backward" else -1
         ins = self._image_inputs(c)
         src = ins[0] if ins else next((r for r in self._rows(c) if not self.is_out[r]), -1)
         if origin >= 0 and self._inplace_on_view(origin):
-            return "inplace_view"
+            return patterns.INPLACE_VIEW.name
         if origin >= 0 and self._channel_slice(origin):
-            return "channel_slice"
+            return patterns.CHANNEL_SLICE.name
         if origin >= 0 and self._spatial_reduction(origin):
-            return "mean_backward"
+            return patterns.MEAN_BACKWARD.name
         if kind == CONVERTS:
             if src >= 0 and self.ndim[src] == self.rank[src] + 1:
-                return "channel_shuffle"
+                return patterns.CHANNEL_SHUFFLE.name
             if any(self.view.kind[x] == rules.VIEW and self.ndim[self._output(x)] != self.ndim[self._output(c)]
                    for x in self.graph.consumers.get(c, []) if self._output(x) >= 0):
-                return "reshape_merge"
-            return "explicit_copy"
+                return patterns.RESHAPE_MERGE.name
+            return patterns.EXPLICIT_COPY.name
         if kind == JOINS:
-            return "joins"
+            return patterns.JOINS.name
         if src >= 0 and (self.cdim[src] != 1 or self.ndim[src] > self.rank[src]):
-            return "stack_reduce"
+            return patterns.STACK_REDUCE.name
         if src >= 0 and self.label[src].startswith("ambiguous"):
-            return "nc11_broadcast"
-        return "no_cl_kernel" if self._kernel_missing(c) else "loses"
+            return patterns.NC11_BROADCAST.name
+        return patterns.NO_CL_KERNEL.name if self._kernel_missing(c) else patterns.LOSES.name
 
     def _inplace_on_view(self, e: int) -> bool:
         """``e`` wrote, in place, a tensor that is a view of another."""
@@ -316,7 +286,7 @@ class CauseTracer:
     # -- what a fix replaces ------------------------------------------------------------------
     def replaced(self, members: list[int], pattern: str) -> tuple[list[int], list[int]]:
         """(the ops a fix of the cause at ``members`` replaces, those of them that the one pass
-        replacing them stands in for, :data:`.timing.REPLACEMENTS`).
+        replacing them stands in for, :attr:`.patterns.Pattern.replaces`).
 
         Replaced: the members that are not copies (a copy is priced as a symptom) and the
         backward ops of the forward ones; where the fix is one pass, also the forward op whose
@@ -324,7 +294,7 @@ class CauseTracer:
         stacked reduction reads when nothing else reads it, which the pass absorbs."""
         own = [m for m in members if not self.copy[m]]
         absorbed = []
-        if REPLACEMENTS.get(pattern) == "write":
+        if patterns.pattern(pattern).replaces == patterns.WRITE:
             own += [int(self.forward_seq[m]) for m in own if self.phase[m] == "backward" and self.forward_seq[m] >= 0]
             for m in own:
                 ins = self._image_inputs(m)
@@ -480,6 +450,6 @@ def _fix_text(view: FlowView, tracer: CauseTracer, c: int, pattern: str) -> str:
     if fmt not in ("contiguous", *_CL):  # not an image itself (a token tensor): its dense order
         fmt = "another"
     cl = "channels_last_3d" if rank == 5 else "channels_last"
-    return PATTERNS[pattern].format(cl=cl, fmt=fmt, op=rules.op_packet(view.op[c]).removeprefix("aten."),
+    return patterns.pattern(pattern).fix_text(cl=cl, fmt=fmt, op=rules.op_packet(view.op[c]).removeprefix("aten."),
                                     dims=rank - 2, support=tracer.support(c),
                                     to_memory_order=channels_last_order(rank), from_memory_order=logical_order(rank))

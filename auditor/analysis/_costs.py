@@ -14,7 +14,7 @@ on each symptom depends on what the fixed op would still do (:func:`saving_us`):
 
 On the cause's own ops (the op at the line, the ops its pattern removes with it, and the
 backward of both) the fix puts what its pattern's fix text says (:func:`own_saving_us`,
-:data:`REPLACEMENTS`): one pass that writes the result in the format, a copy after the op, or
+:attr:`.patterns.Pattern.replaces`): one pass that writes the result in the format, a copy after the op, or
 the same ops without the format copies inside them.
 """
 
@@ -27,25 +27,13 @@ import pandas as pd
 
 from ..recording import _rules as rules
 from ..recording._formats import base_format
+from . import _patterns as patterns
 from ._activations import op_flags
 
 #: Hidden copies that move data for the format: a dense tensor copied into another format, or a
 #: view in one definite format made dense in another (not a broadcast or a transpose made dense).
 FORMAT_COPY_KINDS = ("format", "materialize")
 _DEFINITE = ("contiguous", "channels_last", "channels_last_3d")
-
-#: What a fix puts in place of its cause's own ops, by pattern (``analysis._causes.PATTERNS``):
-#: ``write``: one pass that writes the result in the format (a pool and its backward for a mean
-#: over H and W and its backward, a broadcast copy for an upsampled N×C×1×1 map, a sum of the
-#: branches for a stack and its reduction, split's backward for a slice's); ``copy_after``: the op stays and a copy into the format follows it. Patterns not
-#: listed keep their ops, less the format copies inside them.
-REPLACEMENTS = {
-    "mean_backward": "write",
-    "nc11_broadcast": "write",
-    "stack_reduce": "write",
-    "channel_slice": "write",
-    "loses": "copy_after",
-}
 
 
 @dataclass(frozen=True)
@@ -128,7 +116,7 @@ def saving_us(ops: pd.DataFrame, hidden: pd.DataFrame | None, result_bytes: np.n
 def own_saving_us(ops: pd.DataFrame, hidden: pd.DataFrame | None, pattern: str, own: list[int],
                   pass_bytes: list[float], cost: CopyCost | None) -> float:
     """What fixing a cause saves on its own ops ``own`` (events), by what its pattern's fix puts
-    in their place (:data:`REPLACEMENTS`): the format copies inside them; or, where the fix is
+    in their place (:attr:`.patterns.Pattern.replaces`): the format copies inside them; or, where the fix is
     one pass, their time less a pass over each of ``pass_bytes`` (at the ``cost`` of a copy);
     less a copy after the op (of ``pass_bytes``) where the fix adds one. NaN when the audit has
     no times."""
@@ -138,11 +126,11 @@ def own_saving_us(ops: pd.DataFrame, hidden: pd.DataFrame | None, pattern: str, 
         return 0.0
     time = ops["time_us"].fillna(0.0).to_numpy()[own]
     inner = _inner_copy_us(hidden, len(ops))[own]
-    rule = REPLACEMENTS.get(pattern)
+    rule = patterns.pattern(pattern).replaces
     replacement = cost.passes(pass_bytes) if cost is not None else 0.0
-    if rule == "write":
+    if rule == patterns.WRITE:
         return float(max(inner.sum(), time.sum() - replacement))
-    if rule == "copy_after":
+    if rule == patterns.COPY_AFTER:
         return float(inner.sum() - replacement)
     return float(inner.sum())
 

@@ -1,7 +1,7 @@
 """Suggested fixes: one concrete change per cause, with the bytes it would save.
 
 Each row of ``Audit.causes()`` gets a fix that removes it and every hotspot it leads to,
-forward and backward, chosen from the cause's pattern (:data:`auditor.analysis._causes.PATTERNS`):
+forward and backward, chosen from the cause's pattern (:data:`auditor.analysis.PATTERNS`):
 a source line to edit, a torch module to swap, a library function to rebind, a weight to
 convert or a region to run contiguous. Only fixes that save bytes are suggested.
 """
@@ -20,6 +20,9 @@ import torch.nn as nn
 
 from .. import analysis
 from .._result import Audit
+from ..analysis import _patterns as patterns
+from ..analysis import fix_generators, register_fix
+from ..analysis._causes import WEIGHT as WEIGHT_CAUSE
 from ..display._html import header_html, table_html
 from ..display._units import format_bytes
 from ..recording import _rules as rules
@@ -212,7 +215,7 @@ def suggest_fixes(audit: Audit) -> Fixes:
         mine = hot[hot["cause"] == cause.cause]
         fwd = int(mine.loc[mine["phase"] == "forward", "bytes"].sum())
         bwd = int(mine.loc[mine["phase"] != "forward", "bytes"].sum())
-        removed = int(cause.bytes) if cause.kind == analysis._causes.WEIGHT else fwd + bwd
+        removed = int(cause.bytes) if cause.kind == WEIGHT_CAUSE else fwd + bwd
         added = spec.pop("added_bytes", 0) * (2 if backward else 1)  # a region's edges convert gradients too
         if removed - added <= 0:
             continue  # only fixes that help
@@ -250,18 +253,18 @@ class _Cause:
 
 
 def _fix_for(view, tracer, row) -> dict | None:
-    """The fix for one cause, or None when no fix is known to help."""
+    """The fix for one cause: the first of its pattern's registered generators that has one
+    (:func:`auditor.analysis.register_fix`), or None when no fix is known to help."""
     cause = _Cause(view, tracer, row)
-    for rule in _RULES:
-        found = rule(cause)
+    for generate in fix_generators(row.pattern):
+        found = generate(cause)
         if found is not None:
             return found
     return None
 
 
+@register_fix(patterns.CHANNEL_SHUFFLE.name)
 def _channel_shuffle_fix(c: _Cause):
-    if c.pattern != "channel_shuffle":
-        return None
     module_name, func = enclosing_function(c.source)
     if module_name and func:
         action, suggestion = FUNCTION, f"{module_name}.{func} = torch.nn.functional.channel_shuffle"
@@ -277,9 +280,8 @@ def _channel_shuffle_fix(c: _Cause):
     }
 
 
+@register_fix(patterns.EXPLICIT_COPY.name)
 def _explicit_copy_fix(c: _Cause):
-    if c.pattern != "explicit_copy":
-        return None
     if not c.source:
         return {
             **c.base, "action": EDIT,
@@ -299,27 +301,27 @@ def _explicit_copy_fix(c: _Cause):
 
 #: Patterns whose fix is a rewrite of the cause's line, and what to write.
 _REWRITES = {
-    "channel_slice": "x1, x2 = x.split([k, x.shape[1] - k], dim=1)  # instead of x[:, :k], x[:, k:]",
-    "stack_reduce": "y = a + b  # (or a weighted sum) instead of torch.stack([a, b], 1) reduced over dim 1",
-    "nc11_broadcast": "y = p.expand(-1, -1, h, w).contiguous(memory_format=torch.{cl})  # instead of interpolating p",
-    "mean_backward": "s = F.avg_pool2d(x, x.shape[-2:])  # instead of x.mean((2, 3), keepdim=True)",
-    "inplace_view": "y = y + z  # instead of y += z on a view",
-    "weight_rebuilt": "m = w.permute{to}; f(m.reshape(1, out_channels, -1)).reshape(m.shape).permute{back}"
+    patterns.CHANNEL_SLICE.name: "x1, x2 = x.split([k, x.shape[1] - k], dim=1)  # instead of x[:, :k], x[:, k:]",
+    patterns.STACK_REDUCE.name: "y = a + b  # (or a weighted sum) instead of torch.stack([a, b], 1) reduced over dim 1",
+    patterns.NC11_BROADCAST.name: "y = p.expand(-1, -1, h, w).contiguous(memory_format=torch.{cl})  # instead of interpolating p",
+    patterns.MEAN_BACKWARD.name: "s = F.avg_pool2d(x, x.shape[-2:])  # instead of x.mean((2, 3), keepdim=True)",
+    patterns.INPLACE_VIEW.name: "y = y + z  # instead of y += z on a view",
+    patterns.WEIGHT_REBUILT.name: "m = w.permute{to}; f(m.reshape(1, out_channels, -1)).reshape(m.shape).permute{back}"
                       "  # flattened in the {cl} parameter's memory order: a view, the same ops",
-    "joins": "y = f(x4d)  # compute on the {cl} image or a 4-D view of it, not on a reshaped or 3-D copy",
+    patterns.JOINS.name: "y = f(x4d)  # compute on the {cl} image or a 4-D view of it, not on a reshaped or 3-D copy",
 }
 
 
+@register_fix(*_REWRITES)
 def _rewrite_fix(c: _Cause):
-    template = _REWRITES.get(c.pattern)
-    if template is None:
-        return None
+    template = _REWRITES[c.pattern]
     suggestion = template.format(cl=c.cl_name, to=channels_last_order(c.rank), back=logical_order(c.rank))
     return {**c.base, "action": EDIT, "suggestion": suggestion, "detail": c.row.fix}
 
 
+@register_fix(patterns.NO_CL_KERNEL.name)
 def _module_swap_fix(c: _Cause):
-    if c.pattern != "no_cl_kernel" or not any(typ.__name__ == c.module_type for typ in SWAPS):
+    if not any(typ.__name__ == c.module_type for typ in SWAPS):
         return None
     factory = next(f for typ, (_, f) in SWAPS.items() if typ.__name__ == c.module_type)
     name = c.module
@@ -330,9 +332,8 @@ def _module_swap_fix(c: _Cause):
     }
 
 
+@register_fix(patterns.WEIGHT_FORMAT.name)
 def _conv_weight_fix(c: _Cause):
-    if c.pattern != "weight_format":
-        return None
     return {
         **c.base, "action": WEIGHT,
         "suggestion": f"auditor.fix.convert_conv{c.rank - 2}d_weight_memory_format({module_expr(c.module)}, "
@@ -342,15 +343,15 @@ def _conv_weight_fix(c: _Cause):
     }
 
 
+@register_fix(patterns.NO_CL_KERNEL.name, patterns.RESHAPE_MERGE.name, patterns.CONV_NO_KERNEL.name,
+              patterns.LOSES.name)
 def _region_fix(c: _Cause):
-    if c.pattern not in ("no_cl_kernel", "reshape_merge", "conv_no_kernel", "loses"):
-        return None
     region, added = _region_around(c.view, c.e)
     if not region:
         return None
     names = ", ".join(repr(n) for n in region)
     why = ("a reshape that merges C with another dimension must copy a channels_last tensor"
-           if c.pattern == "reshape_merge" else c.row.fix)
+           if c.pattern == patterns.RESHAPE_MERGE.name else c.row.fix)
     return {
         **c.base, "action": REGION, "region": region,
         "suggestion": f"auditor.fix.keep_contiguous(model, [{names}])",
@@ -358,10 +359,6 @@ def _region_fix(c: _Cause):
                   f"(or let auditor.plan_layout measure whether that pays)",
         "added_bytes": added,
     }
-
-
-#: The fix rules, most specific first.
-_RULES = (_channel_shuffle_fix, _explicit_copy_fix, _module_swap_fix, _conv_weight_fix, _rewrite_fix, _region_fix)
 
 
 def _check_changeable(model) -> None:
