@@ -66,6 +66,16 @@ MOVED = {
 }
 
 
+#: old ``package.NAME`` -> (module, name) of what it is now: names that misled
+RENAMED = {
+    "auditor.fix.CHANNELS_LAST": ("torch", "channels_last"),
+    "auditor.fix.CHANNELS_LAST_3D": ("torch", "channels_last_3d"),
+    "auditor.fix.CONTIGUOUS": ("torch", "contiguous_format"),
+    "auditor.fix.CONVERSION_COLUMNS": ("auditor.fix", "WEIGHT_CONVERSION_COLUMNS"),
+    "auditor.plan.CONVERSION_COLUMNS": ("auditor.plan", "PLAN_CONVERSION_COLUMNS"),
+}
+
+
 class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Finds an old path in :data:`MOVED` and loads it as the module at the new one."""
 
@@ -91,8 +101,14 @@ def install() -> None:
 
 
 def moved_attribute(package: str, name: str):
-    """The module ``package.name`` for a package's ``__getattr__``, when ``name`` is a module
-    that moved (``auditor.recording.mode``); raises ``AttributeError`` otherwise."""
-    if f"{package}.{name}" in MOVED:
-        return importlib.import_module(f"{package}.{name}")
+    """For a package's ``__getattr__``: the module ``package.name`` when ``name`` is a module
+    that moved (``auditor.recording.mode``), or what a renamed name is now (``auditor.fix.CHANNELS_LAST``
+    is ``torch.channels_last``), with a ``DeprecationWarning``; raises ``AttributeError`` otherwise."""
+    old = f"{package}.{name}"
+    if old in MOVED:
+        return importlib.import_module(old)
+    if old in RENAMED:
+        module, new = RENAMED[old]
+        warnings.warn(f"{old} is deprecated: use {module}.{new}", DeprecationWarning, stacklevel=3)
+        return getattr(importlib.import_module(module), new)
     raise AttributeError(f"module {package!r} has no attribute {name!r}")

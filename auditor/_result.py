@@ -11,7 +11,7 @@ from .display._report import audit_report
 from .display._trace import chrome_trace, write_chrome_trace
 from .recording import _csv as csvfile
 from .recording import _log as log
-from .recording._csv import atomic_write
+from .recording._files import atomic_write
 from .recording._mode import RawLog
 
 

@@ -27,7 +27,7 @@ import auditor
 
 from . import plot
 from .display import progress
-from .recording._csv import atomic_write
+from .recording._files import atomic_write
 
 EXIT_OK = 0
 EXIT_FINDINGS = 1

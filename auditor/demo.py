@@ -24,7 +24,7 @@ import auditor
 from auditor import plot
 from auditor._step import Step
 from auditor.plan import default_clock, time_interleaved
-from auditor.recording._csv import atomic_write
+from auditor.recording._files import atomic_write
 
 #: What ``--out`` receives.
 DEMO_FILES = ("report_before.txt", "fixes.txt", "report_after.txt", "heatmap_before.png", "heatmap_after.png",

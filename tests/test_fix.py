@@ -46,7 +46,7 @@ def test_conv2d_helper_converts_nested_convs_in_place_and_reports():
     params = {name: p for name, p in m.named_parameters()}
     values = {name: p.detach().clone() for name, p in params.items()}
     report = fix.convert_conv2d_weight_memory_format(m, CL)
-    assert list(report.columns) == fix.CONVERSION_COLUMNS
+    assert list(report.columns) == fix.WEIGHT_CONVERSION_COLUMNS
     assert list(report["module"]) == ["stem", "body.1.0", "body.1.1"]
     assert list(report["module_type"]) == ["Conv2d", "Conv2d", "ConvTranspose2d"]
     # the 1x1 kernel is contiguous in both formats, but its strides still pick the conv's layout
@@ -65,7 +65,7 @@ def test_conv_helpers_are_idempotent_and_undo_with_contiguous_format():
     m = Nested()
     assert len(fix.convert_conv2d_weight_memory_format(m, CL)) == 3
     again = fix.convert_conv2d_weight_memory_format(m, CL)
-    assert again.empty and list(again.columns) == fix.CONVERSION_COLUMNS
+    assert again.empty and list(again.columns) == fix.WEIGHT_CONVERSION_COLUMNS
     back = fix.convert_conv2d_weight_memory_format(m, torch.contiguous_format)
     assert list(back["to_format"]) == ["contiguous"] * 3
     assert all(mod.weight.is_contiguous() for mod in (m.stem, m.body[1][0], m.body[1][1]))

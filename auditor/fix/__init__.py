@@ -8,12 +8,9 @@ facade; never the planner or the entry points.
 
 from .._deprecated import moved_attribute
 from ._convert import (
-    CHANNELS_LAST,
-    CHANNELS_LAST_3D,
     CHANNELS_LAST_OF_RANK,
-    CONTIGUOUS,
-    CONVERSION_COLUMNS,
     FORMAT_NAMES,
+    WEIGHT_CONVERSION_COLUMNS,
     convert_conv2d_weight_memory_format,
     convert_conv3d_weight_memory_format,
     layout_name,
@@ -38,11 +35,8 @@ from ._source_text import module_expr
 from ._suggest import EDIT, FIX_COLUMNS, FUNCTION, REGION, SWAP, WEIGHT, Fixes, suggest_fixes
 
 __all__ = [
-    "CHANNELS_LAST",
-    "CHANNELS_LAST_3D",
     "CHANNELS_LAST_OF_RANK",
-    "CONTIGUOUS",
-    "CONVERSION_COLUMNS",
+    "WEIGHT_CONVERSION_COLUMNS",
     "EDIT",
     "FIX_COLUMNS",
     "FORMAT_NAMES",

@@ -13,23 +13,19 @@ import torch.nn as nn
 from ..recording._formats import format_label
 from ..recording._torch import pytree
 
-CONTIGUOUS = torch.contiguous_format
-CHANNELS_LAST = torch.channels_last
-CHANNELS_LAST_3D = torch.channels_last_3d
-
 #: memory format -> the format label of :mod:`auditor.recording._formats`
 FORMAT_NAMES = {
-    CONTIGUOUS: "contiguous",
-    CHANNELS_LAST: "channels_last",
-    CHANNELS_LAST_3D: "channels_last_3d",
+    torch.contiguous_format: "contiguous",
+    torch.channels_last: "channels_last",
+    torch.channels_last_3d: "channels_last_3d",
 }
 #: convolution module types by the rank of their weight
 CONV2D = (nn.Conv2d, nn.ConvTranspose2d)
 CONV3D = (nn.Conv3d, nn.ConvTranspose3d)
 #: channels-last format of each rank
-CHANNELS_LAST_OF_RANK = {4: CHANNELS_LAST, 5: CHANNELS_LAST_3D}
+CHANNELS_LAST_OF_RANK = {4: torch.channels_last, 5: torch.channels_last_3d}
 
-CONVERSION_COLUMNS = ["module", "module_type", "param", "shape", "from_format", "to_format", "bytes"]
+WEIGHT_CONVERSION_COLUMNS = ["module", "module_type", "param", "shape", "from_format", "to_format", "bytes"]
 
 
 def layout_name(t: torch.Tensor) -> str:
@@ -40,7 +36,7 @@ def layout_name(t: torch.Tensor) -> str:
     (``suggest_memory_format``), so ``(I, 1, 1, 1)`` and ``(I, 1, I, I)`` are not the same.
     """
     if t.dim() in (4, 5):
-        for fmt in (CONTIGUOUS, CHANNELS_LAST_OF_RANK[t.dim()]):
+        for fmt in (torch.contiguous_format, CHANNELS_LAST_OF_RANK[t.dim()]):
             if t.stride() == canonical_strides(t.shape, fmt):
                 return FORMAT_NAMES[fmt]
     return format_label(tuple(t.shape), tuple(t.stride()))
@@ -56,12 +52,12 @@ def check_format(memory_format, allowed: tuple, helper: str) -> None:
     if not isinstance(memory_format, torch.memory_format):
         raise TypeError(f"{helper}: memory_format must be a torch.memory_format, got {memory_format!r}")
     if memory_format not in allowed:
-        names = " or ".join(f"torch.{FORMAT_NAMES[f]}" if f is not CONTIGUOUS else "torch.contiguous_format"
+        names = " or ".join(f"torch.{FORMAT_NAMES[f]}" if f is not torch.contiguous_format else "torch.contiguous_format"
                             for f in allowed)
         hint = ""
-        if memory_format is CHANNELS_LAST_3D:
+        if memory_format is torch.channels_last_3d:
             hint = " (channels_last_3d is for 5-D weights: use convert_conv3d_weight_memory_format)"
-        elif memory_format is CHANNELS_LAST:
+        elif memory_format is torch.channels_last:
             hint = " (channels_last is for 4-D weights: use convert_conv2d_weight_memory_format)"
         raise ValueError(f"{helper}: memory_format must be {names}, got {memory_format}{hint}")
 
@@ -89,10 +85,10 @@ def convert_param(param: nn.Parameter, memory_format) -> bool:
 
 
 def conversion_frame(rows: list[dict]) -> pd.DataFrame:
-    """The weight-conversion report (:data:`CONVERSION_COLUMNS`), typed even when empty."""
+    """The weight-conversion report (:data:`WEIGHT_CONVERSION_COLUMNS`), typed even when empty."""
     if not rows:
-        return pd.DataFrame({c: pd.Series(dtype="int64" if c == "bytes" else "object") for c in CONVERSION_COLUMNS})
-    return pd.DataFrame(rows, columns=CONVERSION_COLUMNS)
+        return pd.DataFrame({c: pd.Series(dtype="int64" if c == "bytes" else "object") for c in WEIGHT_CONVERSION_COLUMNS})
+    return pd.DataFrame(rows, columns=WEIGHT_CONVERSION_COLUMNS)
 
 
 def convert_conv_weights(module: nn.Module, memory_format, types: tuple, names=None) -> pd.DataFrame:
@@ -131,7 +127,7 @@ def convert_conv2d_weight_memory_format(module: nn.Module, memory_format: torch.
     """
     helper = "convert_conv2d_weight_memory_format"
     check_module(module, helper)
-    check_format(memory_format, (CHANNELS_LAST, CONTIGUOUS), helper)
+    check_format(memory_format, (torch.channels_last, torch.contiguous_format), helper)
     return convert_conv_weights(module, memory_format, CONV2D)
 
 
@@ -140,7 +136,7 @@ def convert_conv3d_weight_memory_format(module: nn.Module, memory_format: torch.
     ``memory_format`` is ``torch.channels_last_3d`` or ``torch.contiguous_format``."""
     helper = "convert_conv3d_weight_memory_format"
     check_module(module, helper)
-    check_format(memory_format, (CHANNELS_LAST_3D, CONTIGUOUS), helper)
+    check_format(memory_format, (torch.channels_last_3d, torch.contiguous_format), helper)
     return convert_conv_weights(module, memory_format, CONV3D)
 
 
@@ -163,8 +159,8 @@ def to_channels_last(model: nn.Module, *inputs):
         model, x = auditor.to_channels_last(model, x)
     """
     check_module(model, "to_channels_last")
-    convert_conv2d_weight_memory_format(model, CHANNELS_LAST)
-    convert_conv3d_weight_memory_format(model, CHANNELS_LAST_3D)
+    convert_conv2d_weight_memory_format(model, torch.channels_last)
+    convert_conv3d_weight_memory_format(model, torch.channels_last_3d)
     for p in model.parameters():
         if p.dim() in CHANNELS_LAST_OF_RANK:
             convert_param(p, CHANNELS_LAST_OF_RANK[p.dim()])
@@ -182,7 +178,7 @@ def to_contiguous(model: nn.Module) -> nn.Module:
     (the ``Parameter`` objects are kept); returns ``model``."""
     for p in model.parameters():
         if p.dim() in (4, 5):
-            convert_param(p, CONTIGUOUS)
+            convert_param(p, torch.contiguous_format)
     for mod in model.modules():
         for name, buf in mod._buffers.items():
             if buf is not None and buf.dim() in (4, 5):

@@ -14,9 +14,7 @@ import torch
 import torch.nn as nn
 
 from ._convert import (
-    CHANNELS_LAST_3D,
     CHANNELS_LAST_OF_RANK,
-    CONTIGUOUS,
     CONV2D,
     CONV3D,
     check_format,
@@ -35,12 +33,12 @@ class InputFormat:
 
     def __init__(self, memory_format: torch.memory_format):
         self.memory_format = memory_format
-        self.rank = 5 if memory_format is CHANNELS_LAST_3D else 4
+        self.rank = 5 if memory_format is torch.channels_last_3d else 4
 
     def __call__(self, module, args):
         if args and isinstance(args[0], torch.Tensor) and args[0].dim() in (4, 5):
             x = args[0]
-            fmt = self.memory_format if self.memory_format is CONTIGUOUS or x.dim() == self.rank else None
+            fmt = self.memory_format if self.memory_format is torch.contiguous_format or x.dim() == self.rank else None
             if fmt is not None and not x.is_contiguous(memory_format=fmt):
                 return (x.contiguous(memory_format=fmt), *args[1:])
         return None
@@ -96,7 +94,7 @@ def set_conv_format(model: nn.Module, name: str, memory_format: torch.memory_for
     or the channels-last format of the weight's rank. Returns the weight conversion report."""
     mod = conv_module(model, name)
     rank = mod.weight.dim()
-    check_format(memory_format, (CONTIGUOUS, CHANNELS_LAST_OF_RANK[rank]), "set_conv_format")
+    check_format(memory_format, (torch.contiguous_format, CHANNELS_LAST_OF_RANK[rank]), "set_conv_format")
     out = convert_conv_weights(mod, memory_format, CONV2D + CONV3D)
     out["module"] = name
     if convert_input:
@@ -108,5 +106,5 @@ def keep_contiguous(model: nn.Module, names: Iterable[str]) -> pd.DataFrame:
     """Keep a region contiguous inside a channels_last model: the named convolutions get
     contiguous weights and contiguous inputs. Everything between them then runs contiguous;
     the convolutions after the region convert back on their own. Returns the weight report."""
-    frames = [set_conv_format(model, name, CONTIGUOUS) for name in names]
+    frames = [set_conv_format(model, name, torch.contiguous_format) for name in names]
     return pd.concat(frames, ignore_index=True) if frames else conversion_frame([])

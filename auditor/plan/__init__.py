@@ -41,7 +41,7 @@ from ._harness import (
 from ._layout import (
     CANDIDATE_COLUMNS,
     CONV_COLUMNS,
-    CONVERSION_COLUMNS,
+    PLAN_CONVERSION_COLUMNS,
     LayoutPlan,
     NoisyPlanWarning,
     plan_layout,
@@ -49,7 +49,7 @@ from ._layout import (
 
 __all__ = [
     "CANDIDATE_COLUMNS",
-    "CONVERSION_COLUMNS",
+    "PLAN_CONVERSION_COLUMNS",
     "CONV_COLUMNS",
     "MODEL_SAMPLE_US",
     "SAMPLE_US",

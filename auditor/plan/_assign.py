@@ -7,12 +7,12 @@ import pandas as pd
 import torch
 import torch.nn as nn
 
-from ..fix._convert import CONTIGUOUS, conversion_frame
+from ..fix._convert import conversion_frame
 from ..fix._hooks import remove_input_formats, set_conv_format
 from ..recording._formats import base_format
 from ._graph import Call
 
-FORMAT_OF = {"contiguous": CONTIGUOUS, "channels_last": torch.channels_last,
+FORMAT_OF = {"contiguous": torch.contiguous_format, "channels_last": torch.channels_last,
               "channels_last_3d": torch.channels_last_3d}
 
 

@@ -47,7 +47,7 @@ CONV_COLUMNS = [
 ]
 
 
-CONVERSION_COLUMNS = [
+PLAN_CONVERSION_COLUMNS = [
     "where", "kind", "from_module", "shape", "dtype", "bytes", "to_channels_last_us",
     "to_contiguous_us", "border",
 ]
@@ -579,4 +579,4 @@ def _conversions_frame(edges, structure, times, formats) -> pd.DataFrame:
             "to_channels_last_us": t.get("channels_last", float("nan")),
             "to_contiguous_us": t.get("contiguous", float("nan")), "border": is_border,
         })
-    return pd.DataFrame(rows, columns=CONVERSION_COLUMNS)
+    return pd.DataFrame(rows, columns=PLAN_CONVERSION_COLUMNS)

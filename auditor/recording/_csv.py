@@ -18,9 +18,7 @@ the previous row's, so a changed, moved, repeated or missing row is found and na
 Every column of ``log.EVENT_COLUMNS``, ``log.TENSOR_COLUMNS`` and ``profile.HIDDEN_COLUMNS`` is
 written and checked by the rule of its dtype, read from those dicts at each call, so a column
 added there needs nothing here. Text that a spreadsheet would run as a formula is prefixed with ``'``.
-
-Every file this package writes goes through :func:`atomic_write`, so an interrupted write
-never leaves a file that looks complete.
+A path is written through :func:`~._files.atomic_write`, as every file the package writes.
 """
 
 from __future__ import annotations
@@ -38,6 +36,7 @@ import numpy as np
 import pandas as pd
 
 from . import _log as log
+from ._files import atomic_write
 from ._profile import HIDDEN_COLUMNS
 
 FORMAT_VERSION = "2"
@@ -78,19 +77,6 @@ class _Column(NamedTuple):
     table: str  # "events", "tensors" or "hidden"
     key: str  # in that table
     dtype: str
-
-
-def atomic_write(path: str | os.PathLike, write: Callable[[Path], object]) -> None:
-    """Call ``write(tmp)`` on a temporary name beside ``path``, then rename it to ``path``; on
-    failure the temporary file is removed and ``path`` is left as it was."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".partial")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 def _columns() -> list[_Column]:
