@@ -1,0 +1,484 @@
+"""Rewrites of the statement a cause sits on, generated from the pattern and the statement's
+syntax tree (libcst, which keeps the user's formatting and comments).
+
+Each rewrite finds, in the statement, the one expression its pattern names (the mean over H and
+W, the reduction over the stacked dimension, the slices of the channels, the ``.contiguous()``,
+the in-place operator, the interpolation of an N×C×1×1 map, the reshaped weight) and writes the
+version that keeps the format, with the same values. Where the statement does not have the
+shape the rewrite needs, or the rewrite would be ambiguous, it raises :class:`Refused` with the
+reason, and the fix stays "by hand": a wrong edit is worse than none.
+"""
+
+from __future__ import annotations
+
+import functools
+import linecache
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import libcst as cst
+from libcst.metadata import MetadataWrapper, PositionProvider
+
+#: The wrapper a statement is parsed in, so that its own indentation is kept.
+_WRAPPER = "if True:\n"
+
+
+class Refused(Exception):
+    """The statement does not have the shape the rewrite needs; the message says why."""
+
+
+@dataclass(frozen=True)
+class Statement:
+    """The simple statement (one logical line, possibly over several physical lines) that holds
+    a cause's line: lines ``first`` .. ``last`` of ``path``, and their text."""
+
+    path: str
+    first: int
+    last: int
+    text: str
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What a rewrite needs to know beyond the statement's text."""
+
+    cl: str = "channels_last"  #: the format to keep: ``channels_last`` or ``channels_last_3d``
+    rank: int = 4  #: of the images
+    torch: str | None = "torch"  #: the name ``torch`` is bound to where the statement runs
+    dims: tuple[int, ...] = ()  #: the dimensions the cause's op reduced (or sliced), as it ran
+    taken: frozenset[str] = field(default_factory=frozenset)  #: names in use where the statement runs
+
+    def new_name(self, base: str) -> str:
+        """A name not in use where the statement runs."""
+        name, k = base, 1
+        while name in self.taken:
+            k += 1
+            name = f"{base}{k}"
+        return name
+
+
+# -- finding the statement -----------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=32)
+def _statements(path: str, text: str) -> tuple[tuple[int, int], ...]:
+    """(first, last) line of every simple statement of a file's ``text``."""
+    try:
+        wrapper = MetadataWrapper(cst.parse_module(text))
+    except cst.ParserSyntaxError:
+        return ()
+    positions = wrapper.resolve(PositionProvider)
+    return tuple(sorted((p.start.line, p.end.line) for node, p in positions.items()
+                        if isinstance(node, cst.SimpleStatementLine)))
+
+
+def statement_at(path: str, line: int) -> Statement:
+    """The simple statement of ``path`` that holds ``line``."""
+    lines = linecache.getlines(path)
+    if not lines:
+        raise Refused(f"the source of {path} cannot be read")
+    for first, last in _statements(path, "".join(lines)):
+        if first <= line <= last:
+            # a statement ends where its last line ends (its comment included)
+            return Statement(path, first, last, "".join(lines[first - 1:last]))
+    raise Refused(f"line {line} is part of a compound statement (an if, for, while or with header, a def): "
+                  "edit it by hand")
+
+
+def rewrite(statement: Statement, rewrites: Iterable[tuple[Callable[[cst.Module, Facts], cst.Module], Facts]]) -> str:
+    """The statement's lines after ``rewrites`` (each a rewrite function and its facts), one
+    after the other; the text keeps its indentation, formatting and comments."""
+    indent = statement.text[:len(statement.text) - len(statement.text.lstrip(" \t"))]
+    module = cst.parse_module(_WRAPPER + statement.text if indent else statement.text)
+    for fn, facts in rewrites:
+        module = fn(module, facts)
+    code = module.code
+    return code[len(_WRAPPER):] if indent else code
+
+
+# -- small helpers on syntax ---------------------------------------------------------------------
+
+
+def _code(node: cst.CSTNode) -> str:
+    return cst.Module([]).code_for_node(node)
+
+
+def _expr(text: str) -> cst.BaseExpression:
+    return cst.parse_expression(text)
+
+
+def _int(node) -> int | None:
+    if isinstance(node, cst.Integer):
+        return int(node.value)
+    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus) and isinstance(node.expression, cst.Integer):
+        return -int(node.expression.value)
+    return None
+
+
+def _ints(node) -> tuple[int, ...] | None:
+    """A literal int, or a tuple or list of them."""
+    one = _int(node)
+    if one is not None:
+        return (one,)
+    if isinstance(node, (cst.Tuple, cst.List)):
+        values = [_int(e.value) for e in node.elements]
+        return tuple(values) if values and None not in values else None
+    return None
+
+
+def _bool(node) -> bool | None:
+    if isinstance(node, cst.Name) and node.value in ("True", "False"):
+        return node.value == "True"
+    return None
+
+
+def _simple(node) -> bool:
+    """A name or a chain of attributes of one (``x``, ``self.weight``): reading it twice reads
+    the same thing and costs nothing."""
+    while isinstance(node, cst.Attribute):
+        node = node.value
+    return isinstance(node, cst.Name)
+
+
+def _callee(call: cst.Call) -> str:
+    """The last name of what a call calls: ``mean`` for ``x.mean(...)`` and ``torch.mean(...)``."""
+    f = call.func
+    return f.attr.value if isinstance(f, cst.Attribute) else f.value if isinstance(f, cst.Name) else ""
+
+
+#: Names a function is called through rather than a tensor: ``torch.mean(x)``, ``F.pad(x)``.
+_NAMESPACES = frozenset({"torch", "F", "nn", "functional"})
+
+
+def _is_method(call: cst.Call, torch_name: str | None) -> bool:
+    """``x.f(...)`` on a tensor, not ``torch.f(...)`` or ``F.f(...)``."""
+    f = call.func
+    if not isinstance(f, cst.Attribute):
+        return False
+    root = f.value
+    while isinstance(root, cst.Attribute):
+        root = root.value
+    return not (isinstance(root, cst.Name) and root.value in _NAMESPACES | {torch_name})
+
+
+def _arg(call: cst.Call, position: int, keyword: str) -> cst.Arg | None:
+    for a in call.args:
+        if a.keyword is not None and a.keyword.value == keyword:
+            return a
+    positional = [a for a in call.args if a.keyword is None and not a.star]
+    return positional[position] if len(positional) > position else None
+
+
+def _normal(dims: Iterable[int], ndim: int) -> set[int]:
+    return {d % ndim for d in dims}
+
+
+def _memory_format(facts: Facts) -> str:
+    if facts.torch is None:
+        raise Refused("torch is not imported where this line runs, so the rewrite cannot name its memory format")
+    return f"{facts.torch}.{facts.cl}"
+
+
+class _Collect(cst.CSTVisitor):
+    def __init__(self, keep: Callable[[cst.CSTNode], bool]):
+        self.keep, self.found = keep, []
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if self.keep(node):
+            self.found.append(node)
+        return True
+
+
+def _find(module: cst.Module, keep: Callable[[cst.CSTNode], bool]) -> list[cst.CSTNode]:
+    visitor = _Collect(keep)
+    module.visit(visitor)
+    return visitor.found
+
+
+def _the_one(found: list, what: str) -> cst.CSTNode:
+    if not found:
+        raise Refused(f"this line has no {what}")
+    if len(found) > 1:
+        raise Refused(f"this line has {len(found)} candidates for the {what}, and which one the cause is cannot be "
+                      "told from the line")
+    return found[0]
+
+
+class _Replace(cst.CSTTransformer):
+    def __init__(self, new: dict[int, cst.CSTNode]):
+        super().__init__()
+        self.new = new
+
+    def on_leave(self, original_node, updated_node):
+        return self.new.get(id(original_node), updated_node)
+
+
+def _replace(module: cst.Module, old: cst.CSTNode, new: cst.CSTNode) -> cst.Module:
+    return _replace_all(module, [(old, new)])
+
+
+def _replace_all(module: cst.Module, pairs: list[tuple[cst.CSTNode, cst.CSTNode]]) -> cst.Module:
+    """``module`` with each old node (found by identity, in one pass) replaced by its new one."""
+    return module.visit(_Replace({id(old): new for old, new in pairs}))
+
+
+def _statement_of(module: cst.Module) -> tuple[cst.BaseSuite | cst.Module, int]:
+    """(the block that holds the statement, the statement's index in it)."""
+    body = module.body[0].body if isinstance(module.body[0], cst.If) and _code(module.body[0].test) == "True" else module
+    return body, len(body.body) - 1
+
+
+def _insert_before(module: cst.Module, text: str) -> cst.Module:
+    """``module`` with the statement ``text`` before the rewritten one, at its indentation."""
+    body, index = _statement_of(module)
+    statement = cst.parse_statement(text)
+    new_body = body.with_changes(body=[*body.body[:index], statement, *body.body[index:]])
+    return new_body if body is module else module.with_deep_changes(body, body=new_body.body)
+
+
+# -- the rewrites, one per pattern ---------------------------------------------------------------
+
+
+def keep_format_in_copy(module: cst.Module, facts: Facts) -> cst.Module:
+    """``.contiguous()`` (or a copy ``.to``/``.contiguous`` into ``contiguous_format``) asks for
+    the channels_last format instead (explicit_copy)."""
+    def is_copy(node) -> bool:
+        if not isinstance(node, cst.Call) or not isinstance(node.func, cst.Attribute):
+            return False
+        name, fmt = node.func.attr.value, _arg(node, 99, "memory_format")
+        if name == "contiguous":
+            return not node.args or (fmt is not None and _code(fmt.value).endswith("contiguous_format"))
+        return name == "to" and fmt is not None and _code(fmt.value).endswith("contiguous_format")
+
+    call = _the_one(_find(module, is_copy), "copy into contiguous order (.contiguous())")
+    fmt = _arg(call, 99, "memory_format")
+    new_value = _expr(_memory_format(facts))
+    if fmt is None:
+        new = call.with_changes(args=[cst.Arg(new_value, keyword=cst.Name("memory_format"),
+                                              equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))])
+    else:
+        new = call.with_deep_changes(fmt, value=new_value)
+    return _replace(module, call, new)
+
+
+def _spatial(facts: Facts) -> set[int]:
+    return set(range(2, facts.rank))
+
+
+def pool_by_sum(module: cst.Module, facts: Facts) -> cst.Module:
+    """A mean over all spatial dimensions, ``x.mean((2, 3), keepdim=True)`` (or
+    ``torch.mean(x, ...)``, ``F.adaptive_avg_pool2d(x, 1)``), becomes ``x.sum((2, 3),
+    keepdim=True) / (x.shape[2] * x.shape[3])``: the same sum and division as the mean, so the
+    same values, but its backward broadcasts the gradient as a view instead of writing it
+    contiguous (mean_backward)."""
+    spatial = _spatial(facts)
+
+    def is_mean(node) -> bool:
+        if not isinstance(node, cst.Call):
+            return False
+        name = _callee(node)
+        if name == "mean":
+            method = _is_method(node, facts.torch)
+            dims = _arg(node, 0 if method else 1, "dim")
+            return dims is not None and _ints(dims.value) is not None and _normal(_ints(dims.value), facts.rank) == spatial
+        if name in ("adaptive_avg_pool2d", "adaptive_avg_pool3d"):
+            size = _arg(node, 1, "output_size")
+            values = _ints(size.value) if size is not None else None
+            return values is not None and set(values) == {1}
+        return False
+
+    call = _the_one(_find(module, is_mean), "mean over the spatial dimensions")
+    method = _callee(call) == "mean" and _is_method(call, facts.torch)
+    x = call.func.value if method else _arg(call, 0, "input").value
+    if _callee(call) == "mean":
+        dims_text = _code(_arg(call, 0 if method else 1, "dim").value)
+        keep = _arg(call, 1 if method else 2, "keepdim")
+        keepdim = _bool(keep.value) if keep is not None else False
+        if keepdim is None:
+            raise Refused("the mean's keepdim is not a literal True or False")
+    else:
+        dims_text, keepdim = repr(tuple(sorted(spatial))), True
+    sizes = sorted(spatial)
+    if _simple(x):
+        ref, first = _code(x), _code(x)
+    else:
+        ref = facts.new_name("_pooled")
+        first = f"({ref} := {_code(x)})"
+    divisor = " * ".join(f"{ref}.shape[{d}]" for d in sizes)
+    text = f"{first}.sum({dims_text}{', keepdim=True' if keepdim else ''}) / ({divisor})"
+    return _replace(module, call, _expr(text))
+
+
+def add_the_branches(module: cst.Module, facts: Facts) -> cst.Module:
+    """A sum (or mean) over the dimension images were stacked along, ``torch.sum(x, dim=1)``,
+    becomes the sum of the branches, ``sum(x.unbind(1))`` (``sum(branches)`` when the line
+    stacks them itself): the same additions, and each keeps the images' format
+    (stack_reduce)."""
+    if len(facts.dims) != 1:
+        raise Refused("the reduction is not over one stacked dimension")
+    stacked = facts.dims[0]
+
+    def is_reduction(node) -> bool:
+        if not isinstance(node, cst.Call) or _callee(node) not in ("sum", "mean"):
+            return False
+        method = _is_method(node, facts.torch)
+        if not method and not (isinstance(node.func, cst.Attribute) and _code(node.func.value) == facts.torch):
+            return False  # the builtin sum
+        dim = _arg(node, 0 if method else 1, "dim")
+        values = _ints(dim.value) if dim is not None else None
+        return values is not None and len(values) == 1 and values[0] % (facts.rank + 1) == stacked % (facts.rank + 1)
+
+    call = _the_one(_find(module, is_reduction), "reduction over the stacked dimension")
+    method = _is_method(call, facts.torch)
+    keep = _arg(call, 1 if method else 2, "keepdim")
+    if keep is not None and _bool(keep.value) is not False:
+        raise Refused("the reduction keeps the stacked dimension (keepdim)")
+    if "sum" in facts.taken:
+        raise Refused("the name sum is taken where this line runs, so the builtin sum cannot add the branches")
+    x = call.func.value if method else _arg(call, 0, "input").value
+    mean = _callee(call) == "mean"
+    if isinstance(x, cst.Call) and _callee(x) == "stack" and not _is_method(x, facts.torch):
+        dim = _arg(x, 1, "dim")
+        given = _ints(dim.value) if dim is not None else (0,)
+        if given is not None and given[0] % (facts.rank + 1) == stacked % (facts.rank + 1):
+            branches = _code(_arg(x, 0, "tensors").value)
+            text = f"sum({branches})" + (f" / len({branches})" if mean else "")
+            return _replace(module, call, _expr(text))
+    if _simple(x) or not mean:
+        text = f"sum({_code(x)}.unbind({stacked}))" + (f" / {_code(x)}.shape[{stacked}]" if mean else "")
+    else:
+        ref = facts.new_name("_stacked")
+        text = f"sum(({ref} := {_code(x)}).unbind({stacked})) / {ref}.shape[{stacked}]"
+    return _replace(module, call, _expr(text))
+
+
+def broadcast_the_map(module: cst.Module, facts: Facts) -> cst.Module:
+    """``F.interpolate(p, size=s, ...)`` of an N×C×1×1 map becomes
+    ``p.expand(-1, -1, *s).contiguous(memory_format=torch.channels_last)``: every output pixel
+    is the one input pixel, written once in the format (nc11_broadcast)."""
+    def is_resize(node) -> bool:
+        return isinstance(node, cst.Call) and _callee(node) in ("interpolate", "upsample", "upsample_bilinear",
+                                                                  "upsample_nearest")
+
+    call = _the_one(_find(module, is_resize), "interpolation")
+    x = _arg(call, 0, "input")
+    size = _arg(call, 1, "size")
+    if x is None or size is None or (isinstance(size.value, cst.Name) and size.value.value == "None"):
+        raise Refused("the interpolation is given no output size (a scale factor, say)")
+    values = size.value
+    if isinstance(values, (cst.Tuple, cst.List)):
+        spatial = ", ".join(_code(e.value) for e in values.elements)
+    else:
+        spatial = f"*{_code(values)}"
+    text = f"{_code(x.value)}.expand(-1, -1, {spatial}).contiguous(memory_format={_memory_format(facts)})"
+    return _replace(module, call, _expr(text))
+
+
+def split_the_channels(module: cst.Module, facts: Facts) -> cst.Module:
+    """Slices that cut one tensor's channels into consecutive parts, ``x[:, :k]`` and
+    ``x[:, k:]``, become the parts of ``x.split([k, x.shape[1] - k], dim=1)``, taken once
+    before the line: split's backward is a cat, which keeps the format, where a slice's writes
+    its zeros contiguous (channel_slice)."""
+    def channel_slice(node) -> bool:
+        if not isinstance(node, cst.Subscript) or len(node.slice) < 2:
+            return False
+        first, second = (e.slice for e in node.slice[:2])
+        full = isinstance(first, cst.Slice) and first.lower is None and first.upper is None and first.step is None
+        rest = all(isinstance(e.slice, cst.Slice) and e.slice.lower is None and e.slice.upper is None
+                   for e in node.slice[2:])
+        return full and rest and isinstance(second, cst.Slice) and second.step is None
+
+    found = _find(module, channel_slice)
+    if any(isinstance(n, cst.Call) and _callee(n) in ("split", "chunk", "split_with_sizes", "tensor_split")
+           for n in _find(module, lambda n: isinstance(n, cst.Call))):
+        raise Refused("this line splits the channels already; the contiguous zeros come from PyTorch's own backward "
+                      "of the part that is not used, and no rewrite of the line keeps the format")
+    bases: dict[str, list] = {}
+    for node in found:
+        bases.setdefault(_code(node.value), []).append(node)
+    if len(bases) != 1:
+        raise Refused("the slices of this line are not of one tensor's channels" if bases else
+                      "this line has no slice of the channels (x[:, a:b])")
+    (base, parts), = bases.items()
+    if not _simple(parts[0].value):
+        raise Refused(f"the sliced tensor ({base}) is an expression, not a name: split it by hand")
+    bounds = [tuple(_code(b) if b is not None else None for b in (n.slice[1].slice.lower, n.slice[1].slice.upper))
+              for n in parts]
+    chain, left = [], list(range(len(parts)))
+    start = next((i for i in left if bounds[i][0] in (None, "0")), None)
+    while start is not None:
+        chain.append(start)
+        left.remove(start)
+        upper = bounds[start][1]
+        start = next((i for i in left if upper is not None and bounds[i][0] == upper), None)
+    if not chain or left or bounds[chain[-1]][1] is not None:
+        raise Refused("the slices do not cut the channels into consecutive parts that cover them all: the part not "
+                      "used would get contiguous zeros from PyTorch's own backward of a split too")
+    sizes = []
+    for i in chain:
+        lo, hi = bounds[i][0] or "0", bounds[i][1]
+        if hi is None:
+            sizes.append(f"{base}.shape[1] - {lo}" if lo != "0" else f"{base}.shape[1]")
+        else:
+            sizes.append(hi if lo == "0" else f"{hi} - ({lo})")
+    names = [facts.new_name(f"{base.split('.')[-1]}_{k}") for k in range(len(chain))]
+    module = _replace_all(module, [(parts[i], cst.Name(name)) for name, i in zip(names, chain)])
+    return _insert_before(module, f"{', '.join(names)}{',' if len(names) == 1 else ''} = "
+                                  f"{base}.split([{', '.join(sizes)}], dim=1)\n")
+
+
+def out_of_place(module: cst.Module, facts: Facts) -> cst.Module:
+    """``y += z`` on a view becomes ``y = y + z`` (and ``y.add_(z)`` ``y = y.add(z)``): the same
+    values, without the in-place write into a view whose gradient autograd copies into contiguous
+    order (inplace_view). The caller checks that nothing reads the view's base afterwards."""
+    aug = _find(module, lambda n: isinstance(n, cst.AugAssign))
+    calls = _find(module, lambda n: isinstance(n, cst.Expr) and isinstance(n.value, cst.Call)
+                  and isinstance(n.value.func, cst.Attribute) and n.value.func.attr.value.endswith("_")
+                  and not n.value.func.attr.value.startswith("_"))
+    node = _the_one(aug + calls, "in-place operation")
+    if isinstance(node, cst.AugAssign):
+        if not isinstance(node.target, cst.Name):
+            raise Refused(f"the in-place target ({_code(node.target)}) is not a name: writing it out of place would "
+                          "change what it writes into")
+        op = _code(node.operator).strip().rstrip("=")
+        text = f"{node.target.value} = {node.target.value} {op} {_code(node.value)}"
+        return _replace(module, node, cst.parse_statement(text).body[0])
+    call = node.value
+    if not isinstance(call.func.value, cst.Name):
+        raise Refused(f"the in-place target ({_code(call.func.value)}) is not a name")
+    target = call.func.value.value
+    text = f"{target} = {_code(call.with_deep_changes(call.func.attr, value=call.func.attr.value[:-1]))}"
+    return _replace(module, node, cst.parse_statement(text).body[0])
+
+
+def flatten_in_memory_order(module: cst.Module, facts: Facts) -> cst.Module:
+    """A channels_last weight reshaped for a batch norm, ``F.batch_norm(w.reshape(1, O, -1),
+    ...).reshape_as(w)``, is flattened in its memory order, ``w.permute(0, 2, 3, 1)`` (the
+    reshape of which is a view), and permuted back after: the same statistics per output
+    channel, no copy of the weight (weight_rebuilt)."""
+    order = tuple([0, *range(2, facts.rank), 1])
+    back = tuple([0, facts.rank - 1, *range(1, facts.rank - 1)])
+
+    def is_norm(node) -> bool:
+        return isinstance(node, cst.Call) and _callee(node) in ("batch_norm", "group_norm", "layer_norm",
+                                                                  "instance_norm")
+
+    def is_back(node) -> bool:
+        return (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)
+                and node.func.attr.value in ("reshape_as", "view_as") and is_norm(node.func.value))
+
+    outer = _the_one(_find(module, is_back), "normalisation of a flattened weight shaped back (.reshape_as(w))")
+    norm = outer.func.value
+    w = outer.args[0].value if outer.args else None
+    flat = _arg(norm, 0, "input")
+    if w is None or flat is None or not _simple(w):
+        raise Refused("the weight is not a name or attribute")
+    inner = flat.value
+    if not (isinstance(inner, cst.Call) and isinstance(inner.func, cst.Attribute)
+            and inner.func.attr.value in ("reshape", "view") and _code(inner.func.value) == _code(w)):
+        raise Refused("the normalised tensor is not a reshape of the weight")
+    permuted = f"{_code(w)}.permute{order}"
+    new_inner = inner.with_changes(func=_expr(f"{permuted}.{inner.func.attr.value}"))
+    new_norm = norm.with_deep_changes(flat, value=new_inner)
+    new_outer = _expr(f"{_code(new_norm)}.reshape({permuted}.shape).permute{back}")
+    return _replace(module, outer, new_outer)

@@ -1,0 +1,193 @@
+"""Source edits applied in memory (the function's code swapped wherever it is held) and written
+as a patch that git applies."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import linecache
+import shutil
+import subprocess
+import sys
+import textwrap
+import traceback
+
+import pytest
+
+from auditor.fix._patch import (
+    EditError,
+    SourceEdit,
+    live_functions,
+    patch_functions,
+    patch_target,
+    source_lines,
+    unified_diff,
+)
+
+MODULE = '''\
+import functools
+
+SCALE = 3
+
+
+def helper(x):
+    return x + 1
+
+
+class Base:
+    def value(self, x):
+        return x
+
+
+class Child(Base):
+    def value(self, x):
+        y = super().value(x)
+        return y * SCALE
+
+
+def make_adder(k):
+    def add(x):
+        return x + k
+    return add
+
+
+def traced(fn):
+    @functools.wraps(fn)
+    def wrapper(*args):
+        return fn(*args)
+    return wrapper
+
+
+@traced
+def decorated(x):
+    return x - 1
+
+
+def fails(x):
+    a = x
+    raise ValueError(a)
+'''
+
+
+@pytest.fixture
+def mod(tmp_path, monkeypatch):
+    path = tmp_path / "project" / "userlib.py"
+    path.parent.mkdir()
+    (tmp_path / "project" / "pyproject.toml").write_text("[project]\nname = 'p'\n")
+    path.write_text(MODULE)
+    spec = importlib.util.spec_from_file_location("userlib", path)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "userlib", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _edit(module, old: str, new: str) -> SourceEdit:
+    path = module.__file__
+    lines = source_lines(path)
+    n = next(i for i, line in enumerate(lines, 1) if line.strip() == old.strip())
+    return SourceEdit(path, n, n, lines[n - 1], new)
+
+
+def test_a_function_is_changed_wherever_it_is_held_and_put_back(mod):
+    alias = mod.helper  # as `from userlib import helper` would hold it
+    patch = patch_functions([_edit(mod, "    return x + 1", "    return x + 2")])
+    assert mod.helper(1) == 3 and alias(1) == 3
+    patch.undo()
+    assert mod.helper(1) == 2 and alias(1) == 2
+    patch.redo()
+    assert alias(1) == 3
+    patch.undo()
+
+
+def test_a_method_that_calls_super_keeps_its_class_cell(mod):
+    patch = patch_functions([_edit(mod, "        return y * SCALE", "        return y * SCALE * 2")])
+    try:
+        assert mod.Child().value(2) == 12
+        assert patch.functions == ["Child.value"]
+    finally:
+        patch.undo()
+    assert mod.Child().value(2) == 6
+
+
+def test_a_closure_and_the_function_that_makes_it_both_change(mod):
+    made = mod.make_adder(10)  # a closure made before the edit
+    patch = patch_functions([_edit(mod, "        return x + k", "        return x + k + 100")])
+    try:
+        assert made(1) == 111 and mod.make_adder(10)(1) == 111
+    finally:
+        patch.undo()
+    assert made(1) == 11 and mod.make_adder(10)(1) == 11
+
+
+def test_a_decorated_function_changes_behind_its_wrapper(mod):
+    patch = patch_functions([_edit(mod, "    return x - 1", "    return x - 5")])
+    try:
+        assert mod.decorated(10) == 5
+    finally:
+        patch.undo()
+    assert mod.decorated(10) == 9
+
+
+def test_lines_after_an_edit_that_adds_lines_keep_their_numbers(mod):
+    """A traceback through the edited function names the file's real lines."""
+    line = next(i for i, text in enumerate(source_lines(mod.__file__), 1) if "raise ValueError(a)" in text)
+    patch = patch_functions([_edit(mod, "    a = x", "    a = x\n    a = a * 2\n    a = a + 0")])
+    try:
+        with pytest.raises(ValueError) as info:
+            mod.fails(1)
+        assert info.value.args == (2,)
+        frames = traceback.extract_tb(info.value.__traceback__)
+        assert frames[-1].filename == mod.__file__ and frames[-1].lineno == line
+    finally:
+        patch.undo()
+
+
+def test_an_edit_of_a_file_that_changed_is_refused_before_anything_changes(mod):
+    stale = SourceEdit(mod.__file__, 7, 7, "    return x + 7\n", "    return x + 2\n")
+    with pytest.raises(EditError, match="not the text the fix was made for"):
+        patch_functions([stale])
+    assert mod.helper(1) == 2
+    broken = _edit(mod, "    return x + 1", "    return x +")
+    with pytest.raises(EditError, match="does not parse"):
+        patch_functions([broken])
+    made = mod.make_adder(10)  # a live closure whose cell the edited code would no longer use
+    closure = _edit(mod, "        return x + k", "        return x + 1")
+    with pytest.raises(EditError, match="outer variables"):
+        patch_functions([closure])
+    assert made(1) == 11 and mod.make_adder(10)(1) == 11
+
+
+def test_a_notebook_cells_function_is_edited_through_linecache():
+    """IPython compiles a cell under a temporary name and keeps its text in linecache."""
+    name = "/tmp/ipykernel_0000/123456789.py"
+    cell = "def cell_fn(x):\n    return x * 2\n"
+    linecache.cache[name] = (len(cell), None, cell.splitlines(keepends=True), name)
+    scope: dict = {}
+    exec(compile(cell, name, "exec"), scope)
+    try:
+        assert live_functions(name, [2]) == [scope["cell_fn"]]
+        patch = patch_functions([SourceEdit(name, 2, 2, "    return x * 2\n", "    return x * 3\n")])
+        assert scope["cell_fn"](2) == 6
+        patch.undo()
+        assert scope["cell_fn"](2) == 4
+        assert "not a file on disk" in patch_target(name)[1]
+    finally:
+        linecache.cache.pop(name, None)
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+def test_the_patch_applies_with_git_in_the_project(mod, tmp_path):
+    root = tmp_path / "project"
+    name, note = patch_target(mod.__file__)
+    assert name == "userlib.py" and "project file" in note
+    edit = _edit(mod, "    return x + 1", "    return x + 2")
+    text = unified_diff([edit])
+    assert text.startswith("# project file") and "-    return x + 1\n+    return x + 2\n" in text
+    run = functools.partial(subprocess.run, cwd=root, check=True, capture_output=True, text=True)
+    run(["git", "init", "-q"])
+    (tmp_path / "fix.patch").write_text(text)
+    run(["git", "apply", "--check", str(tmp_path / "fix.patch")])
+    run(["git", "apply", str(tmp_path / "fix.patch")])
+    assert "    return x + 2\n" in (root / "userlib.py").read_text()
+    assert textwrap.dedent(MODULE).count("return x + 1") == 1

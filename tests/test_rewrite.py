@@ -1,0 +1,164 @@
+"""Rewrites of a cause's statement, generated from its syntax tree: each keeps the user's
+formatting and comments, computes the same values (forward and gradients, exactly where the
+rewrite is exact), and refuses a statement that does not have the shape it needs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from auditor.fix import _rewrite as rw
+from auditor.fix._rewrite import Facts, Refused, Statement, rewrite
+
+CL = torch.channels_last
+
+
+def _new(text: str, fn, **facts) -> str:
+    return rewrite(Statement("x.py", 1, text.count("\n"), text), [(fn, Facts(**facts))])
+
+
+def _run(code: str, scope: dict) -> dict:
+    scope = dict(scope)
+    exec(compile(code.strip() if "\n" not in code.strip() else __import__("textwrap").dedent(code), "<rewrite>", "exec"),
+         {"torch": torch, "F": F}, scope)
+    return scope
+
+
+def _same_math(old: str, new: str, inputs: dict, result: str, exact: bool):
+    """Run both statements on the same inputs (leaf tensors that require grad): the result and
+    every input's gradient agree, exactly where ``exact``."""
+    outs = []
+    for code in (old, new):
+        leaves = {k: v.detach().clone().requires_grad_(v.is_floating_point()) if isinstance(v, torch.Tensor) else v
+                  for k, v in inputs.items()}
+        scope = _run(code, leaves)
+        y = scope[result]
+        y.backward(torch.ones_like(y))
+        outs.append((y.detach(), {k: t.grad for k, t in leaves.items() if isinstance(t, torch.Tensor) and t.grad is not None},
+                     y))
+    (a, ga, _), (b, gb, y) = outs
+    check = torch.equal if exact else lambda p, q: torch.allclose(p, q, rtol=1e-5, atol=1e-6)
+    assert check(a, b) and ga.keys() == gb.keys() and all(check(ga[k], gb[k]) for k in ga)
+    return y
+
+
+def _image(*shape):
+    return torch.randn(*shape).contiguous(memory_format=CL)
+
+
+def test_a_mean_over_h_and_w_becomes_a_sum_divided_by_their_size_bit_for_bit():
+    old = "        x_se = x.mean((2, 3), keepdim=True)  # squeeze\n"
+    new = _new(old, rw.pool_by_sum)
+    assert new == "        x_se = x.sum((2, 3), keepdim=True) / (x.shape[2] * x.shape[3])  # squeeze\n"
+    _same_math(old, new, {"x": _image(2, 8, 5, 5)}, "x_se", exact=True)
+    assert _new("y = torch.mean(x, dim=[-2, -1])\n", rw.pool_by_sum) == "y = x.sum([-2, -1]) / (x.shape[2] * x.shape[3])\n"
+    assert _new("y = F.adaptive_avg_pool2d(t, 1)\n", rw.pool_by_sum) == \
+        "y = t.sum((2, 3), keepdim=True) / (t.shape[2] * t.shape[3])\n"
+
+
+def test_a_mean_of_an_expression_reads_it_once():
+    new = _new("        x = x.sum(1).mean((2, 3), keepdim=True)\n", rw.pool_by_sum, taken=frozenset({"x", "_pooled"}))
+    assert new == "        x = (_pooled2 := x.sum(1)).sum((2, 3), keepdim=True) / (_pooled2.shape[2] * _pooled2.shape[3])\n"
+
+
+def test_a_reduction_over_the_stacked_dimension_becomes_the_sum_of_the_branches():
+    old = "        x = torch.sum(x, dim=1)\n"
+    new = _new(old, rw.add_the_branches, dims=(1,))
+    assert new == "        x = sum(x.unbind(1))\n"
+    y = _same_math(old, new, {"x": torch.stack([_image(2, 8, 5, 5), _image(2, 8, 5, 5)], dim=1)}, "x", exact=True)
+    assert y.is_contiguous(memory_format=CL)
+    assert _new("        output = torch.stack(x).sum(dim=0)\n", rw.add_the_branches, dims=(0,)) == "        output = sum(x)\n"
+    with pytest.raises(Refused, match="no reduction over the stacked dimension"):
+        _new("y = x.sum(2)\n", rw.add_the_branches, dims=(1,))
+    with pytest.raises(Refused, match="name sum is taken"):
+        _new("y = x.sum(1)\n", rw.add_the_branches, dims=(1,), taken=frozenset({"sum"}))
+
+
+def test_two_rewrites_of_one_statement_compose_in_either_order():
+    text = "        x = x.sum(1).mean((2, 3), keepdim=True)\n"
+    st = Statement("x.py", 1, 1, text)
+    a = rewrite(st, [(rw.add_the_branches, Facts(dims=(1,))), (rw.pool_by_sum, Facts())])
+    b = rewrite(st, [(rw.pool_by_sum, Facts()), (rw.add_the_branches, Facts(dims=(1,)))])
+    assert a == b == "        x = (_pooled := sum(x.unbind(1))).sum((2, 3), keepdim=True) / (_pooled.shape[2] * _pooled.shape[3])\n"
+    stacked = torch.stack([_image(2, 4, 3, 3), _image(2, 4, 3, 3), _image(2, 4, 3, 3)], dim=1)
+    _same_math(text, a, {"x": stacked}, "x", exact=False)
+
+
+def test_slices_that_cut_the_channels_become_one_split():
+    old = "        x = torch.cat([x[:, 0:self.in_channels] + shortcut, x[:, self.in_channels:]], dim=1)  # mix\n"
+    new = _new(old, rw.split_the_channels)
+    assert new == ("        x_0, x_1 = x.split([self.in_channels, x.shape[1] - self.in_channels], dim=1)\n"
+                   "        x = torch.cat([x_0 + shortcut, x_1], dim=1)  # mix\n")
+
+    class Self:
+        in_channels = 3
+    _same_math(old, new, {"x": _image(2, 8, 4, 4), "shortcut": _image(2, 3, 4, 4), "self": Self()}, "x", exact=True)
+    with pytest.raises(Refused, match="PyTorch's own backward"):
+        _new("left = a[:, :8]\n", rw.split_the_channels)
+    with pytest.raises(Refused, match="PyTorch's own backward"):
+        _new("a, b = x.chunk(2, dim=1)\n", rw.split_the_channels)
+
+
+def test_an_in_place_op_on_a_name_goes_out_of_place():
+    assert _new("        x += self.shortcut(s)  # residual\n", rw.out_of_place) == "        x = x + self.shortcut(s)  # residual\n"
+    assert _new("y.mul_(z)\n", rw.out_of_place) == "y = y.mul(z)\n"
+    with pytest.raises(Refused, match="not a name"):
+        _new("x[:, :4] += y\n", rw.out_of_place)
+
+
+def test_a_copy_into_contiguous_order_asks_for_channels_last():
+    assert _new("        xb = self.b(xb).contiguous()\n", rw.keep_format_in_copy) == \
+        "        xb = self.b(xb).contiguous(memory_format=torch.channels_last)\n"
+    assert _new("y = x.to(memory_format=torch.contiguous_format)\n", rw.keep_format_in_copy, cl="channels_last_3d",
+                rank=5, torch="th") == "y = x.to(memory_format=th.channels_last_3d)\n"
+    with pytest.raises(Refused, match="2 candidates for the copy"):
+        _new("y = a.contiguous() + b.contiguous()\n", rw.keep_format_in_copy)
+    with pytest.raises(Refused, match="torch is not imported"):
+        _new("y = a.contiguous()\n", rw.keep_format_in_copy, torch=None)
+
+
+def test_an_nc11_map_is_broadcast_instead_of_interpolated():
+    old = '        return F.interpolate(x, size=size, mode="bilinear", align_corners=False)\n'
+    new = _new(old, rw.broadcast_the_map)
+    assert new == "        return x.expand(-1, -1, *size).contiguous(memory_format=torch.channels_last)\n"
+    body = lambda code: code.strip().replace("return ", "y = ")  # noqa: E731
+    y = _same_math(body(old), body(new), {"x": _image(2, 8, 1, 1), "size": (5, 6)}, "y", exact=False)
+    assert y.is_contiguous(memory_format=CL)
+    assert _new("y = F.interpolate(p, (h, w))\n", rw.broadcast_the_map) == \
+        "y = p.expand(-1, -1, h, w).contiguous(memory_format=torch.channels_last)\n"
+    with pytest.raises(Refused, match="no output size"):
+        _new("y = F.interpolate(p, scale_factor=2)\n", rw.broadcast_the_map)
+
+
+def test_a_reshaped_weight_is_flattened_in_its_memory_order_and_keeps_its_comments():
+    old = """        weight = F.batch_norm(
+            self.weight.reshape(1, self.out_channels, -1),
+            None,  # running_mean
+            None,  # running_var
+            training=True,
+            momentum=0.,
+            eps=1e-5,
+        ).reshape_as(self.weight)
+"""
+    new = _new(old, rw.flatten_in_memory_order)
+    assert "self.weight.permute(0, 2, 3, 1).reshape(1, self.out_channels, -1)," in new
+    assert "None,  # running_mean" in new and new.endswith(
+        ").reshape(self.weight.permute(0, 2, 3, 1).shape).permute(0, 3, 1, 2)\n")
+
+    class Conv:
+        out_channels = 6
+        weight = torch.randn(6, 4, 3, 3).contiguous(memory_format=CL)
+    scope = {"self": Conv()}
+    a, b = (_run(code, scope)["weight"] for code in (old, new))
+    torch.testing.assert_close(a, b)
+    assert b.is_contiguous(memory_format=CL)
+
+
+def test_a_statement_is_found_whole_and_a_compound_header_is_refused(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text("def f(x):\n    y = g(\n        x,\n    )  # call\n    if x.mean() > 0:\n        return y\n")
+    st = rw.statement_at(str(path), 3)
+    assert (st.first, st.last) == (2, 4) and st.text.endswith("# call\n")
+    with pytest.raises(Refused, match="compound statement"):
+        rw.statement_at(str(path), 5)
