@@ -45,7 +45,7 @@ from planted import CAUSE_MODELS, make_cause  # noqa: E402
 from zoo_patches import ZOO, patched  # noqa: E402
 
 from auditor._step import Step  # noqa: E402
-from auditor.plan._decide import ratios  # noqa: E402
+from auditor.measure import ratios  # noqa: E402
 
 WARMUP_ROUNDS = 2
 QUICK_ROUNDS = 5

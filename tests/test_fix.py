@@ -431,8 +431,8 @@ class Small(nn.Module):
 
 @pytest.fixture
 def fast_measurements(monkeypatch):
-    monkeypatch.setattr(plan._harness, "SAMPLE_US", 500.0)
-    monkeypatch.setattr(plan._harness, "MODEL_SAMPLE_US", 1000.0)
+    monkeypatch.setattr(plan._measure, "SAMPLE_US", 500.0)
+    monkeypatch.setattr(plan._measure, "MODEL_SAMPLE_US", 1000.0)
 
 
 def test_plan_layouts_old_train_switch_still_works_and_says_it_is_deprecated(fast_measurements):

@@ -16,6 +16,7 @@ LAYERS = [
     ("recording", "_deprecated"),
     ("analysis",),
     ("display",),
+    ("measure",),
     ("_result", "_session", "_step"),
     ("fix",),
     ("plan",),
@@ -179,7 +180,7 @@ def test_old_names_still_import_with_a_deprecation_warning():
     from auditor import _deprecated
 
     for old, new in [("auditor.recording.mode", "auditor.recording._mode"), ("auditor.formats", "auditor.recording._formats"),
-                     ("auditor.plan.timing", "auditor.plan._harness"), ("auditor.analysis.causes", "auditor.analysis._causes")]:
+                     ("auditor.plan.timing", "auditor.measure._harness"), ("auditor.analysis.causes", "auditor.analysis._causes")]:
         sys.modules.pop(old, None)
         with pytest.warns(DeprecationWarning, match=re.escape(old)):
             module = importlib.import_module(old)

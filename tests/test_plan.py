@@ -11,10 +11,10 @@ import pytest
 import torch
 import torch.nn as nn
 
-from auditor import plan
+from auditor import measure, plan
 from auditor.display import progress
+from auditor.measure import _decide as decide
 from auditor.plan import _cut as cut
-from auditor.plan import _decide as decide
 from auditor.plan import _layout as layout
 
 
@@ -45,8 +45,8 @@ class Shifted(nn.Module):
 
 @pytest.fixture
 def fast(monkeypatch):
-    monkeypatch.setattr(plan._harness, "SAMPLE_US", 200.0)
-    monkeypatch.setattr(plan._harness, "MODEL_SAMPLE_US", 400.0)
+    monkeypatch.setattr(plan._measure, "SAMPLE_US", 200.0)
+    monkeypatch.setattr(plan._measure, "MODEL_SAMPLE_US", 400.0)
     monkeypatch.setattr(progress, "ENABLED", False)
 
 
@@ -61,7 +61,7 @@ def fake_timer(monkeypatch, times):
         t = times(name)
         return t, t, 0.0
 
-    monkeypatch.setattr(plan._harness, "sample", sample)
+    monkeypatch.setattr(measure._harness, "sample", sample)
     return seen
 
 

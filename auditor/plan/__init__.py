@@ -20,24 +20,16 @@ costs a copy. :func:`plan_layout` measures instead of guessing:
 input conversions with forward pre-hooks at region borders, so the model still takes a plain
 contiguous batch. It then re-audits a copy and reports hotspot bytes before and after.
 
-The package owns the timing harness (``timing``), the plan's data flow (``graph``), applying
-formats to a model (``assign``), the minimum cut (``cut``), the measurements (``measure``),
-checking outputs (``check``), the plan itself (``layout``) and applying it (``apply``). It
-imports the fixes, the analysis and the session; nothing below imports it.
+The package owns the plan's data flow (``_graph``), applying formats to a model (``_assign``),
+the minimum cut (``_cut``), the measurements (``_measure``, timed through :mod:`auditor.measure`),
+checking outputs (``_check``), the plan itself (``_layout``) and applying it (``_apply``). It
+imports the fixes, the analysis, the session and the measuring harness; nothing below imports it.
+The harness's names (``Rounds``, ``time_interleaved``, ...) are re-exported here, where they were.
 """
 
 from .._deprecated import moved_attribute
+from ..measure import Decision, Rounds, default_clock, median_times, steady_malloc, time_interleaved
 from ._apply import AppliedPlan, apply_plan
-from ._decide import Decision
-from ._harness import (
-    MODEL_SAMPLE_US,
-    SAMPLE_US,
-    Rounds,
-    default_clock,
-    median_times,
-    steady_malloc,
-    time_interleaved,
-)
 from ._layout import (
     CANDIDATE_COLUMNS,
     CONV_COLUMNS,
@@ -46,6 +38,7 @@ from ._layout import (
     NoisyPlanWarning,
     plan_layout,
 )
+from ._measure import MODEL_SAMPLE_US, SAMPLE_US
 
 __all__ = [
     "CANDIDATE_COLUMNS",

@@ -19,14 +19,13 @@ from ..display._html import header_html, table_html
 from ..display.progress import bar as progress_bar
 from ..fix._convert import layout_name, to_channels_last, to_contiguous
 from ..fix._hooks import is_conv_module, remove_input_formats
+from ..measure import decide, default_clock, ratios
 from ..recording._formats import base_format
 from ..recording._torch import pytree
 from ._assign import CL_NAME, converted_inputs, rank_names
 from ._check import record, reference_output
 from ._cut import energy, min_cut, regions
-from ._decide import decide, ratios
 from ._graph import hotspot_edges, plan_graph
-from ._harness import default_clock
 from ._measure import (
     border_costs,
     candidate_rounds,
@@ -297,7 +296,7 @@ def plan_layout(model: nn.Module, *inputs, kwargs: Mapping[str, object] | None =
     in :func:`auditor.audit` (``train=`` is its old, deprecated name).
 
     Every decision compares two candidates in interleaved rounds and looks at the median of the
-    paired ratios and its 98% interval (:mod:`auditor.plan._decide`): ``repeats`` rounds first,
+    paired ratios and its 98% interval (:mod:`auditor.measure`): ``repeats`` rounds first,
     then ``repeats`` more at a time while the interval straddles ``1 - margin``, up to
     ``max_repeats``. A decision still within noise then keeps the simpler layout: the model's
     own uniform format (the format of its convolution weights, ``plan.default``), and a

@@ -14,12 +14,18 @@ import torch.nn as nn
 
 from .._step import Step
 from ..fix._convert import CHANNELS_LAST_OF_RANK, convert_param
-from . import _harness as harness
+from ..measure import Decision, Rounds, decide, median_interval, median_times, ratios
 from ._assign import CL_NAME, FORMAT_OF, apply_formats, converted_inputs, rank_names
 from ._check import record
-from ._decide import Decision, decide, median_interval, ratios
 from ._graph import Call, Edge, owned_time_us
-from ._harness import Rounds, median_times
+
+#: a standalone measurement's sample lasts at least this long (µs), so that preemption by
+#: other processes averages out over both formats instead of hitting one sample in two
+SAMPLE_US = 20_000.0
+
+
+#: the same for a whole-model sample
+MODEL_SAMPLE_US = 100_000.0
 
 
 def conv_signature(mod: nn.Module, c: Call) -> tuple:
@@ -51,7 +57,7 @@ def conv_rounds(model: nn.Module, calls: list[Call], train: bool, device) -> tup
             x = torch.randn(c.input_shape, dtype=c.dtype, device=m.weight.device).contiguous(memory_format=fmt)
             fns["contiguous" if fmt_name == "contiguous" else "channels_last"] = conv_step(
                 m, x, train, needs_input_grad=not c.from_model_input)
-        out[key] = Rounds(fns, min_sample_us=harness.SAMPLE_US, device=device)
+        out[key] = Rounds(fns, min_sample_us=SAMPLE_US, device=device)
     return sigs, out
 
 
@@ -161,7 +167,7 @@ def conversion_times(edges: list[Edge], repeats: int, device, clock,
         cl_src = c_src.contiguous(memory_format=cl)
         t = median_times({"channels_last": lambda s=c_src, f=cl: s.contiguous(memory_format=f),
                           "contiguous": lambda s=cl_src: s.contiguous()}, repeats,
-                         min_sample_us=harness.SAMPLE_US, device=device, clock=clock)
+                         min_sample_us=SAMPLE_US, device=device, clock=clock)
         out[key] = t
         tick(1)
     return out
@@ -219,4 +225,4 @@ def candidate_rounds(step: Step, options, ranks, calls, device) -> tuple[Rounds,
             apply_formats(m, formats, converted_inputs(formats, calls))
             fns[name] = step.replace(model=m).timed()
         timed_as[name] = seen[key]
-    return Rounds(fns, min_sample_us=harness.MODEL_SAMPLE_US, device=device), timed_as
+    return Rounds(fns, min_sample_us=MODEL_SAMPLE_US, device=device), timed_as

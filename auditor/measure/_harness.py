@@ -23,13 +23,6 @@ try:
 except ImportError:  # not on Windows: no page-fault counts
     resource = None
 
-#: a standalone measurement's sample lasts at least this long (µs), so that preemption by
-#: other processes averages out over both formats instead of hitting one sample in two
-SAMPLE_US = 20_000.0
-
-
-#: the same for a whole-model sample
-MODEL_SAMPLE_US = 100_000.0
 
 
 def sync(device: torch.device) -> None:
