@@ -7,6 +7,7 @@ from collections.abc import Collection
 import pandas as pd
 
 from ._html import header_html, table_html
+from ._text import short_source
 from ._units import format_bytes
 
 
@@ -26,7 +27,7 @@ def fixes_text(frame: pd.DataFrame, hotspot_groups: int, *, writes: Collection[s
     at the line (the others' is something to do)."""
     lines = [fixes_headline(frame, hotspot_groups)]
     for r in frame.itertuples():
-        where = r.source or r.module
+        where = short_source(r.source) or r.module
         lines.append("")
         lines.append(
             f"{r.fix}. {r.action}: {where}  ({r.module}, {r.module_type or '-'})  "

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 from ..recording import _rules as rules
-from ._text import Column, shorten, text_table
+from ._text import Column, short_source, shorten, text_table
 from ._units import format_bytes, format_us
 
 #: Symptoms listed under one cause before "... and N more".
@@ -134,7 +134,7 @@ def _cause_lines(causes: pd.DataFrame, hot: pd.DataFrame, top: int) -> list[str]
         cost = f", {format_us(c.time_us)}; a fix saves about {format_us(c.saving_us)}" if timed else ""
         lines.append(f"      {c.hotspots} hotspot ops, {format_bytes(c.bytes)}{cost}")
         if c.source:
-            lines.append(f"      at {c.source}")
+            lines.append(f"      at {short_source(c.source)}")
         for i, part in enumerate(textwrap.wrap(c.fix, 110)):
             lines.append(f"      {'fix:' if i == 0 else '    '} {part}")
         mine = hot[hot["cause"] == c.cause]
@@ -152,11 +152,11 @@ def hotspot_lines(hot: pd.DataFrame, top: int, *, more: str, lead: Sequence[Colu
                   tail: Sequence[Column] = HOTSPOT_TAIL) -> list[str]:
     """Hotspot groups as a text table, the audit report's and the rank report's: the ``lead``
     columns, phase, module, op and kind, then the ``tail`` columns (by default from -> to, count
-    and bytes); each row's source line under it, the first ``top`` rows, then how many more
-    (``"... and 3 more {more}"``)."""
+    and bytes); each row's source line under it (:func:`~._text.short_source`), the first
+    ``top`` rows, then how many more (``"... and 3 more {more}"``)."""
     shown = hot.head(top)
     shown = shown.assign(formats=shown["from_format"].astype(str) + " -> " + shown["to_format"].astype(str))
-    notes = [f"at {s}" if s else "" for s in shown["source"]]
+    notes = [f"at {short_source(s)}" if s else "" for s in shown["source"]]
     lines = text_table(shown, [*lead, *HOTSPOT_COLUMNS, *tail], notes=notes)
     if len(hot) > top:
         lines.append(f"  ... and {len(hot) - top} more {more}")

@@ -1,12 +1,25 @@
-"""Text shared by every rendering: names cut to a width and the one fixed-width text table
-(HTML tables: :mod:`auditor.display._html`)."""
+"""Text shared by every rendering: names cut to a width, source lines as people read them, and
+the one fixed-width text table (HTML tables: :mod:`auditor.display._html`).
+
+A ``path:line`` source is shown relative to the deepest folder holding it among the working
+directory, its project and the installed packages (``torchvision/models/resnet.py:150``),
+never cut (:func:`short_source`), in reports, tables and figures alike; the recorded path
+stays in the DataFrames and the CSV.
+"""
 
 from __future__ import annotations
 
+import functools
+import os
+import site
+import sysconfig
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import pandas as pd
+
+#: Folders that mark a project's root.
+PROJECT_MARKERS = (".git", "pyproject.toml", "setup.py", "setup.cfg")
 
 
 def shorten(name: str, width: int) -> str:
@@ -17,6 +30,47 @@ def shorten(name: str, width: int) -> str:
 def cut(text: str, width: int) -> str:
     """The first ``width`` characters of ``text``."""
     return text[:width]
+
+
+def short_source(source) -> str:
+    """A ``path:line`` source as people read it: the short path (:func:`short_path`) and the
+    line, never cut. Anything else (a notebook cell's name, ``""``) as is."""
+    source = "" if source is None else str(source)
+    path, sep, line = source.rpartition(":")
+    return f"{short_path(path)}:{line}" if sep and line.isdigit() else source
+
+
+def short_path(path: str) -> str:
+    """``path`` relative to the deepest folder holding it among the working directory, its
+    project root and the installed packages' folders (site-packages); else unchanged."""
+    if not os.path.isabs(path):
+        return path
+    path = os.path.normpath(path)
+    best = ""
+    for base in _bases(os.getcwd()):
+        if len(base) > len(best) and path.startswith(base + os.sep):
+            best = base
+    return os.path.relpath(path, best) if best else path
+
+
+@functools.lru_cache(maxsize=8)
+def _bases(cwd: str) -> tuple[str, ...]:
+    """The folders paths are shown relative to, for this working directory."""
+    found = [cwd]
+    here = cwd
+    while os.path.dirname(here) != here:
+        if any(os.path.exists(os.path.join(here, m)) for m in PROJECT_MARKERS):
+            found.append(here)
+            break
+        here = os.path.dirname(here)
+    paths = sysconfig.get_paths()
+    found += [paths.get("purelib", ""), paths.get("platlib", ""), paths.get("stdlib", "")]
+    try:
+        found += [*site.getsitepackages(), site.getusersitepackages()]
+    except AttributeError:  # an old virtualenv's site module
+        pass
+    # the file system's root is no folder to be relative to
+    return tuple({os.path.normpath(b) for b in found if b and os.path.dirname(os.path.normpath(b)) != b})
 
 
 @dataclass(frozen=True)
