@@ -27,6 +27,7 @@ from matplotlib.font_manager import FontProperties
 
 from . import analysis
 from ._result import Audit
+from .analysis._ops import op_times
 from .display._text import short_source, shorten
 from .display._units import QUANTITIES
 from .recording import _rules as rules
@@ -141,7 +142,7 @@ def _heatmap_table(audit: Audit, depth: int, value: str, columns: str) -> tuple[
             "kind": hot["kind"].astype(str).to_numpy(),
             "op": hot["op"].astype(str).str.removeprefix("aten.").to_numpy(),
             "bytes": hot["bytes"].to_numpy(),
-            "time_us": _op_times(hot),
+            "time_us": op_times(hot),
             "count": 1,
         }
     )
@@ -350,14 +351,6 @@ def _short_source(source: str) -> str:
     (``tests/models.py:95``, ``torchvision/models/shufflenetv2.py:95``), from the left past
     :data:`_MAX_SOURCE` so a path outside every known folder cannot widen the figure."""
     return shorten(short_source(source), _MAX_SOURCE)
-
-
-def _op_times(ops: pd.DataFrame) -> np.ndarray:
-    """Per op, its kernel time (the profiler's), else its wall time, in µs (NaN: untimed)."""
-    time = ops["time_us"] if "time_us" in ops else pd.Series(np.nan, index=ops.index)
-    if time.isna().all() and "duration_us" in ops:
-        time = ops["duration_us"]
-    return time.to_numpy(dtype=np.float64)
 
 
 def _per_kind(frame: pd.DataFrame, keys: list[str], value: str) -> pd.DataFrame:
