@@ -28,8 +28,7 @@ from matplotlib.font_manager import FontProperties
 from . import analysis
 from ._result import Audit
 from .analysis._ops import op_times
-from .display._text import short_source, shorten
-from .display._units import QUANTITIES
+from .display import QUANTITIES, short_source, shorten
 from .recording import _rules as rules
 from .recording._csv import atomic_write
 from .recording._formats import base_format

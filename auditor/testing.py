@@ -18,7 +18,7 @@ import pandas as pd
 from ._api import audit
 from ._result import Audit
 from ._session import FormatAuditor
-from .display._text import short_source
+from .display import short_source
 
 _PHASES = ("forward", "backward", "other")
 

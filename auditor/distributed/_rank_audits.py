@@ -10,7 +10,7 @@ from pandas.api.types import union_categoricals
 
 from .._result import Audit
 from ..analysis import diff
-from ..display._ranks import ranks_html, ranks_text
+from ..display import ranks_html, ranks_text
 from ._buckets import bucket_ops, group_bucket_ops
 
 

@@ -23,7 +23,7 @@ from .._result import Audit
 from ..analysis import _patterns as patterns
 from ..analysis import fix_generators, register_fix
 from ..analysis._causes import WEIGHT as WEIGHT_CAUSE
-from ..display._fixes import fixes_html, fixes_text
+from ..display import fixes_html, fixes_text
 from ..recording import _rules as rules
 from ..recording._formats import channels_last_order, logical_order
 from ._convert import CHANNELS_LAST_OF_RANK, FORMAT_NAMES

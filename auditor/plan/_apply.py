@@ -9,7 +9,7 @@ import pandas as pd
 import torch.nn as nn
 
 from .._result import Audit
-from ..display._plans import applied_html, applied_text
+from ..display import applied_html, applied_text
 from ..fix._hooks import is_conv_module
 from ._assign import apply_formats
 from ._check import compare_outputs, hotspot_totals, record, reference_output

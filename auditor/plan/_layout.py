@@ -15,14 +15,7 @@ import torch.nn as nn
 from .._result import Audit
 from .._step import Step, default_loss
 from ..analysis import FlowView
-from ..display._plans import (
-    decisions_text,
-    noise_note,
-    plan_headline,
-    plan_html,
-    plan_notes,
-    plan_text,
-)
+from ..display import decisions_text, noise_note, plan_headline, plan_html, plan_notes, plan_text
 from ..display.progress import bar as progress_bar
 from ..fix._convert import layout_name, to_channels_last, to_contiguous
 from ..fix._hooks import is_conv_module, remove_input_formats
