@@ -25,11 +25,11 @@ CANDIDATE_COLUMNS = [
 DECISION_COLUMNS = [
     # cut to its end, where the module names differ
     Column("convolutions", "convolutions (same signature)", width=32, most=32, clip=lambda text, width: text[-width:]),
-    Column("contiguous_us", "contiguous", width=11, align=">", text="{:9.0f}us".format),
-    Column("channels_last_us", "chan_last", width=11, align=">", text="{:9.0f}us".format),
-    Column("ratio", "cl/contig", width=9, align=">", text="{:9.3f}".format, gap=2),
+    Column("contiguous_us", "contiguous", width=11, align=">", text="{:.0f}us".format),
+    Column("channels_last_us", "chan_last", width=11, align=">", text="{:.0f}us".format),
+    Column("ratio", "cl/contig", width=9, align=">", text="{:.3f}".format, gap=2),
     Column("interval", "[98% interval]", width=16, align=">"),
-    Column("repeats", "rounds", width=6, align=">", text="{:6d}".format),
+    Column("repeats", "rounds", width=6, align=">", text="{:d}".format),
     Column("within_noise", "noise", width=5, text=lambda noisy: "yes" if noisy else "no", gap=2),
     Column("format", width=16, gap=2), Column("reason", gap=2),
 ]
@@ -83,14 +83,14 @@ def candidate_lines(candidates: pd.DataFrame) -> list[str]:
     compared = [isinstance(vs, str) and bool(vs) for vs in c["vs"]]
     shown = pd.DataFrame({
         "candidate": c["candidate"].to_numpy(),
-        "predicted": [f"{us / 1e3:8.2f}ms" for us in c["predicted_us"]],
-        "measured": [f"{us / 1e3:8.2f}ms" for us in c["measured_us"]],
-        "spread": [f"{s / 2:7.0%}" for s in c["spread"]],
+        "predicted": [f"{us / 1e3:.2f}ms" for us in c["predicted_us"]],
+        "measured": [f"{us / 1e3:.2f}ms" for us in c["measured_us"]],
+        "spread": [f"{s / 2:.0%}" for s in c["spread"]],
         "vs": [vs if k else "" for vs, k in zip(c["vs"], compared, strict=True)],
-        "ratio": [f"{x:6.3f}" if k else "" for x, k in zip(c["ratio"], compared, strict=True)],
+        "ratio": [f"{x:.3f}" if k else "" for x, k in zip(c["ratio"], compared, strict=True)],
         "interval": [_interval(lo, hi) if k else ""
                      for lo, hi, k in zip(c["ratio_low"], c["ratio_high"], compared, strict=True)],
-        "rounds": [f"{n:6d}" if k else "" for n, k in zip(c["repeats"], compared, strict=True)],
+        "rounds": [f"{n:d}" if k else "" for n, k in zip(c["repeats"], compared, strict=True)],
     })
     # the mark sits two columns further out on a row that weighed nothing (as it always has)
     tails = [("  within noise" if k and noisy is True else "") + ("" if k else "  ") + ("  <- chosen" if chosen else "")

@@ -28,13 +28,13 @@ HOTSPOT_TAIL = [
 #: A symptom under its cause: one hotspot group.
 SYMPTOM_COLUMNS = [
     Column("phase", width=8), Column("module", width=24, most=24, clip=shorten),
-    Column("op", width=40, most=40, clip=shorten), Column("kind", width=8), Column("count", text="{:>3}x".format),
+    Column("op", width=40, most=40, clip=shorten), Column("kind", width=8), Column("count", width=4, align=">", text="{}x".format),
     Column("bytes", width=9, align=">", text=format_bytes),
 ]
 #: The modules that cost most (their time, when timed, follows).
 MODULE_COLUMNS = [
     Column("module", width=30), Column("hotspots", text="{:>4} hotspots".format),
-    Column("bytes", width=9, align=">", text=format_bytes), Column("share", text="{:6.1%}".format),
+    Column("bytes", width=9, align=">", text=format_bytes), Column("share", width=6, align=">", text="{:.1%}".format),
 ]
 
 
