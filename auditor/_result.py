@@ -5,10 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from . import analysis
-from .display import progress
-from .display._html import audit_html
-from .display._report import audit_report
-from .display._trace import chrome_trace, write_chrome_trace
+from .display import audit_html, audit_report, chrome_trace, progress, write_chrome_trace
 from .recording import _csv as csvfile
 from .recording import _log as log
 from .recording._files import atomic_write
@@ -113,7 +110,7 @@ class Audit:
                             complete=self.complete, error=self.error, top=top, depth=depth)
 
     def chrome_trace(self) -> dict:
-        """The audit as a Chrome trace (:mod:`auditor.display._trace`), a dict."""
+        """The audit as a Chrome trace (:func:`auditor.display.chrome_trace`), a dict."""
         return chrome_trace(self.ops(), self.hidden, self.causes())
 
     def export_chrome_trace(self, path) -> None:
@@ -127,7 +124,7 @@ class Audit:
         return f"<Audit {len(self.events)} ops, {len(self.tensors)} tensors, {state}>"
 
     def _repr_html_(self, top: int = 10, depth: int = 1) -> str:
-        """The report as HTML tables (:func:`auditor.display._html.audit_html`), for notebooks."""
+        """The report as HTML tables (:func:`auditor.display.audit_html`), for notebooks."""
         return audit_html(self.ops(), self.hotspots(), self.summary(depth), self.causes(),
                           complete=self.complete, error=self.error, top=top, depth=depth)
 

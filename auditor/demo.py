@@ -117,13 +117,13 @@ def _timing_text(timing, estimated_us: float, before, after) -> str:
     hot_b, hot_a = before.ops()["hotspot"].sum(), after.ops()["hotspot"].sum()
     return "\n".join([
         f"{'':24}{'before':>12}{'after':>12}",
-        f"{'step (median)':24}{auditor.display._units.format_us(tb):>12}{auditor.display._units.format_us(ta):>12}",
+        f"{'step (median)':24}{auditor.display.format_us(tb):>12}{auditor.display.format_us(ta):>12}",
         f"{'spread (IQR / median)':24}{b[f'{clock}_spread']:>12.1%}{a[f'{clock}_spread']:>12.1%}",
         f"{'hotspot ops':24}{hot_b:>12}{hot_a:>12}",
         "",
         f"after / before: {ta / tb:.3f} ({(1 - ta / tb):.1%} faster); measured saving "
-        f"{auditor.display._units.format_us(tb - ta)}, estimated by causes()['saving_us'] "
-        f"{auditor.display._units.format_us(estimated_us)}",
+        f"{auditor.display.format_us(tb - ta)}, estimated by causes()['saving_us'] "
+        f"{auditor.display.format_us(estimated_us)}",
         f"({torch.get_num_threads()} threads, {clock} clock; the machine's load moves single runs: "
         "compare within a run, not across runs)",
     ])

@@ -15,6 +15,7 @@ from planted import make
 
 import auditor
 from auditor import fix, plan
+from auditor.display._text import short_source
 
 CL, CL3 = torch.channels_last, torch.channels_last_3d
 
@@ -264,7 +265,7 @@ def test_source_fix_names_the_line_and_what_to_write(fixes, name, line, suggesti
     assert row["source"].startswith(planted.__file__) and row["module"] == "<root>"
     assert row["line"].strip() == line and row["suggestion"].strip() == suggestion
     text = str(f)
-    assert f"now:   {line}" in text and f"write: {suggestion}" in text and row["source"] in text
+    assert f"now:   {line}" in text and f"write: {suggestion}" in text and short_source(row["source"]) in text
 
 
 def _apply_source_fix(name: str, row) -> nn.Module:

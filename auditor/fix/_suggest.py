@@ -23,8 +23,7 @@ from .._result import Audit
 from ..analysis import _patterns as patterns
 from ..analysis import fix_generators, register_fix
 from ..analysis._causes import WEIGHT as WEIGHT_CAUSE
-from ..display._html import header_html, table_html
-from ..display._units import format_bytes
+from ..display import fixes_html, fixes_text
 from ..recording import _rules as rules
 from ..recording._formats import channels_last_order, logical_order
 from ._convert import CHANNELS_LAST_OF_RANK, FORMAT_NAMES
@@ -134,46 +133,16 @@ class Fixes:
             for module, attr, _, new in self.rebound:
                 setattr(module, attr, new)
 
-    def _headline(self) -> str:
-        f = self.frame
-        if f.empty:
-            return "Suggested fixes: none (no hotspots)."
-        return (f"Suggested fixes: {len(f)} for {len(self.hotspots)} hotspot groups, "
-                f"{format_bytes(f['bytes'].clip(lower=0).sum())} to save "
-                f"(forward {format_bytes(f['forward_bytes'].sum())}, "
-                f"backward {format_bytes(f['backward_bytes'].sum())} of hotspots)")
-
     def __str__(self) -> str:
-        f = self.frame
-        lines = [self._headline()]
-        for r in f.itertuples():
-            where = r.source or r.module
-            lines.append("")
-            lines.append(
-                f"{r.fix}. {r.action}: {where}  ({r.module}, {r.module_type or '-'})  "
-                f"saves {format_bytes(r.bytes)} ({r.hotspots} hotspot group{'s' if r.hotspots != 1 else ''})"
-            )
-            if r.line:
-                lines.append(f"     now:   {r.line.strip()}")
-            if r.suggestion:
-                label = "write:" if r.action == EDIT else "do:   "
-                lines.append(f"     {label} {r.suggestion.strip()}")
-            lines.append(f"     why:   {r.detail}")
-        return "\n".join(lines)
+        return fixes_text(self.frame, len(self.hotspots), writes=(EDIT,))
 
     def __repr__(self) -> str:
         saved = int(self.frame["bytes"].clip(lower=0).sum()) if len(self) else 0
         return f"<Fixes {len(self)} fixes, {saved} bytes to save>"
 
     def _repr_html_(self) -> str:
-        """One table row per fix, for notebooks (:func:`auditor.display._html.table_html`)."""
-        head = header_html([self._headline()])
-        if self.frame.empty:
-            return head
-        return head + table_html(self.frame, columns={
-            "fix": "fix", "action": "action", "source": "file:line", "module": "module", "module_type": "type",
-            "bytes": "saves", "hotspots": "hotspot groups", "line": "now", "suggestion": "do", "detail": "why"},
-            formats={"line": str.strip})
+        """One table row per fix, for notebooks."""
+        return fixes_html(self.frame, len(self.hotspots))
 
 
 def suggest_fixes(audit: Audit) -> Fixes:
