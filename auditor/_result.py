@@ -32,6 +32,9 @@ class Audit:
         self.complete = complete
         self.error = error
         self._analysis: analysis.Analysis | None = None
+        #: the table of ``Fixes.verify`` once the fixes of this audit were verified (the report
+        #: then shows the measured saving beside the estimate), else None
+        self.verification: pd.DataFrame | None = None
 
     @classmethod
     def from_raw(cls, raw: RawLog) -> Audit:
@@ -107,7 +110,7 @@ class Audit:
         """A one-screen text report: totals, the ``top`` causes with their symptoms folded under
         them, and the modules at ``depth`` that cost most."""
         return audit_report(self.ops(), self.hotspots(), self.summary(depth), self.causes(),
-                            complete=self.complete, error=self.error, top=top, depth=depth)
+                            complete=self.complete, error=self.error, top=top, depth=depth, verified=self.verification)
 
     def chrome_trace(self) -> dict:
         """The audit as a Chrome trace (:func:`auditor.display.chrome_trace`), a dict."""
@@ -126,7 +129,7 @@ class Audit:
     def _repr_html_(self, top: int = 10, depth: int = 1) -> str:
         """The report as HTML tables (:func:`auditor.display.audit_html`), for notebooks."""
         return audit_html(self.ops(), self.hotspots(), self.summary(depth), self.causes(),
-                          complete=self.complete, error=self.error, top=top, depth=depth)
+                          complete=self.complete, error=self.error, top=top, depth=depth, verified=self.verification)
 
 
 def diff(before: Audit, after: Audit, include_unchanged: bool = False, by: str = "group") -> pd.DataFrame:

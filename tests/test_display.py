@@ -193,7 +193,7 @@ def test_fixes_read_the_line_of_a_notebook_cell(monkeypatch):
     ipython = type(sys)("IPython")
     ipython.get_ipython = lambda: Shell()
     monkeypatch.setitem(sys.modules, "IPython", ipython)
-    scope = {"nn": nn}
+    scope = {"nn": nn, "torch": torch}  # a notebook that imported torch
     exec(compile(code, filename, "exec"), scope)
     model = scope["Net"]().to(memory_format=CL)
     a = auditor.audit(model, torch.randn(1, 3, 4, 4).to(memory_format=CL), record_time=False)

@@ -17,7 +17,7 @@ and the package's one progress switch (``progress``). Imports :mod:`auditor.anal
 
 from .._deprecated import moved_attribute
 from . import progress
-from ._fixes import fixes_html, fixes_text
+from ._fixes import fixes_html, fixes_text, verification_html, verification_text
 from ._html import audit_html, table_html
 from ._plans import (
     applied_html,
@@ -31,7 +31,7 @@ from ._plans import (
 )
 from ._ranks import ranks_html, ranks_text
 from ._report import audit_report
-from ._text import short_source, shorten
+from ._text import saving_text, short_source, shorten
 from ._trace import chrome_trace, write_chrome_trace
 from ._units import QUANTITIES, format_bytes, format_us
 
@@ -49,6 +49,9 @@ __all__ = [
     "write_chrome_trace",
     "fixes_text",
     "fixes_html",
+    "saving_text",
+    "verification_text",
+    "verification_html",
     "plan_headline",
     "plan_notes",
     "plan_text",

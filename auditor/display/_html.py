@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import pandas as pd
 
 from ._report import total_lines
-from ._text import short_source
+from ._text import saving_text, short_source
 from ._units import format_bytes, format_us
 
 #: Modules shown under the causes and hotspot groups (as many as the text report shows).
@@ -108,9 +108,11 @@ def source_html(source) -> str:
 
 
 def audit_html(ops: pd.DataFrame, hot: pd.DataFrame, summary: pd.DataFrame, causes: pd.DataFrame | None = None,
-               *, complete: bool = True, error: str = "", top: int = 10, depth: int = 1) -> str:
+               *, complete: bool = True, error: str = "", top: int = 10, depth: int = 1,
+               verified: pd.DataFrame | None = None) -> str:
     """The report (:func:`~auditor.display._report.audit_report`) as HTML: the totals, the
-    ``top`` causes, the hotspot groups and the modules at ``depth`` as tables."""
+    ``top`` causes (each with its measured saving beside the estimate once ``verified``), the
+    hotspot groups and the modules at ``depth`` as tables."""
     parts = [header_html(total_lines(ops, hot, causes, complete, error))]
     if not len(hot):
         parts.append(_paragraph("No losses or conversions between convolutions: channels_last propagates."))
@@ -121,6 +123,10 @@ def audit_html(ops: pd.DataFrame, hot: pd.DataFrame, summary: pd.DataFrame, caus
                 "module_type": "type", "source": "file:line", "hotspots": "hotspots", "bytes": "bytes"}
         if timed:
             cols |= {"time_us": "time", "saving_us": "saving"}
+        if verified is not None:
+            measured = {int(r["cause"]): saving_text(r) for r in verified.to_dict("records") if r["kind"] == "fix"}
+            causes = causes.assign(measured=[measured.get(int(c), "") for c in causes["cause"]])
+            cols["measured"] = "measured (verified)"
         cols["fix"] = "fix"
         order = "most time saved" if timed else "most bytes"
         parts.append(table_html(causes, columns=cols, max_rows=top, more="Audit.causes()",

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 from ..recording import _rules as rules
-from ._text import Column, short_source, shorten, text_table
+from ._text import Column, saving_text, short_source, shorten, text_table
 from ._units import format_bytes, format_us
 
 #: Symptoms listed under one cause before "... and N more".
@@ -39,20 +39,22 @@ MODULE_COLUMNS = [
 
 
 def audit_report(ops: pd.DataFrame, hot: pd.DataFrame, summary: pd.DataFrame, causes: pd.DataFrame | None = None,
-                 *, complete: bool = True, error: str = "", top: int = 10, depth: int = 1) -> str:
+                 *, complete: bool = True, error: str = "", top: int = 10, depth: int = 1,
+                 verified: pd.DataFrame | None = None) -> str:
     """Totals, the ``top`` causes with the hotspots they lead to, and the modules at ``depth``
     that cost most.
 
     ``ops``, ``hot``, ``summary`` and ``causes`` are :func:`~auditor.analysis.ops_table`,
     :func:`~auditor.analysis.hotspots`, :func:`~auditor.analysis.summary` and
     :func:`~auditor.analysis.cause_table` of one audit (without causes, the hotspot groups are
-    listed on their own).
+    listed on their own). ``verified``: ``Fixes.verify()``'s table, once the fixes were verified:
+    each cause then shows its measured saving beside the estimate.
     """
     lines = total_lines(ops, hot, causes, complete, error)
     if len(hot):
         lines.append("")
         if causes is not None and len(causes):
-            lines.extend(_cause_lines(causes, hot, top))
+            lines.extend(_cause_lines(causes, hot, top, verified))
         else:
             lines.extend(hotspot_lines(hot, top, more="groups (Audit.hotspots())"))
         timed = "time_us" in summary and summary["time_us"].notna().any()
@@ -123,8 +125,10 @@ def _time_lines(ops: pd.DataFrame, causes) -> list[str]:
     return lines
 
 
-def _cause_lines(causes: pd.DataFrame, hot: pd.DataFrame, top: int) -> list[str]:
-    """Each cause: what and where, the fix, and its symptoms, largest first."""
+def _cause_lines(causes: pd.DataFrame, hot: pd.DataFrame, top: int, verified: pd.DataFrame | None = None) -> list[str]:
+    """Each cause: what and where, the fix (measured, once verified), and its symptoms, largest
+    first."""
+    measured = {} if verified is None else {int(r["cause"]): r for r in verified.to_dict("records") if r["kind"] == "fix"}
     timed = "saving_us" in causes and causes["saving_us"].notna().any()
     order = "most time saved" if timed else "most bytes"
     lines = [f"Causes, {order} first ({len(causes)}; Audit.causes(), symptoms in Audit.hotspots()):"]
@@ -133,6 +137,8 @@ def _cause_lines(causes: pd.DataFrame, hot: pd.DataFrame, top: int) -> list[str]
         lines.append(f"  {c.cause:>2}. [{c.pattern}] {c.phase} {c.op} {c.kind} in {shorten(where, 50)}")
         cost = f", {format_us(c.time_us)}; a fix saves about {format_us(c.saving_us)}" if timed else ""
         lines.append(f"      {c.hotspots} hotspot ops, {format_bytes(c.bytes)}{cost}")
+        if c.cause in measured:
+            lines.append(f"      verified: {saving_text(measured[c.cause])}")
         if c.source:
             lines.append(f"      at {short_source(c.source)}")
         for i, part in enumerate(textwrap.wrap(c.fix, 110)):

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from ._units import format_us
+
 #: Folders that mark a project's root.
 PROJECT_MARKERS = (".git", "pyproject.toml", "setup.py", "setup.cfg")
 
@@ -127,3 +129,24 @@ def text_table(frame: pd.DataFrame, columns: Sequence[Column], *, indent: str = 
         if notes is not None and notes[i]:
             lines.append(under + notes[i])
     return lines
+
+
+def saving_text(row) -> str:
+    """One verified step's time, in words: how much faster or slower after than before, with its
+    interval and rounds, or that this machine's noise hides it. ``row``: a row of
+    ``Fixes.verify()`` (``step_us_before``, ``ratio``, ``ratio_low``, ``ratio_high``,
+    ``saving_us``, ``saving_low_us``, ``saving_high_us``, ``rounds``, ``verdict``)."""
+    verdict = str(row["verdict"])
+    if verdict in ("not applied", "changes outputs", ""):
+        return verdict or "-"
+    ratio, low, high = float(row["ratio"]), float(row["ratio_low"]), float(row["ratio_high"])
+    interval = f"[{low:.3f}, {high:.3f}]"
+    rounds = f"{int(row['rounds'])} paired rounds"
+    if verdict == "helps":
+        return (f"{1 - ratio:.1%} faster: after / before {ratio:.3f} {interval} over {rounds}, saving "
+                f"{format_us(row['saving_us'])} [{format_us(row['saving_low_us'])}, {format_us(row['saving_high_us'])}]")
+    if verdict == "hurts":
+        return (f"{ratio:.2f}× slower: after / before {ratio:.3f} {interval} over {rounds}, costing "
+                f"{format_us(-row['saving_us'])} [{format_us(-row['saving_high_us'])}, {format_us(-row['saving_low_us'])}]")
+    return (f"within noise: after / before {ratio:.3f} {interval} over {rounds} straddles 1, so no saving can be "
+            "told from this machine's noise")
