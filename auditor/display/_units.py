@@ -20,15 +20,15 @@ SECONDS = EngFormatter(unit="s", places=1)
 
 
 def format_bytes(n: float) -> str:
-    """``802800`` -> ``802.8 kB``."""
-    return BYTES.format_eng(float(n))
+    """``802800`` -> ``802.8 kB``; nothing is ``0 B``, not ``0.0 B``."""
+    return "0 B" if n == 0 else BYTES.format_eng(float(n))
 
 
 def format_us(us: float) -> str:
-    """A time in microseconds -> ``404.7 µs``, ``58.4 ms``; NaN -> ``-``."""
+    """A time in microseconds -> ``404.7 µs``, ``58.4 ms``; no time is ``0 s``; NaN -> ``-``."""
     if us is None or (isinstance(us, float) and math.isnan(us)):
         return "-"
-    return SECONDS.format_eng(float(us) * 1e-6)
+    return "0 s" if us == 0 else SECONDS.format_eng(float(us) * 1e-6)
 
 
 @dataclass(frozen=True)
