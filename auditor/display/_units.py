@@ -47,8 +47,6 @@ class Quantity:
         two axes must not share one. Engineering units never print an offset such as ``1e7``."""
         if self.unit is None:
             return StrMethodFormatter("{x:,.0f}")
-        if self.scale == 1.0:
-            return EngFormatter(unit=self.unit)
         return _ScaledEngFormatter(unit=self.unit, scale=self.scale)
 
     def format_axis(self, axis: Axis) -> None:
@@ -60,14 +58,20 @@ class Quantity:
 
 
 class _ScaledEngFormatter(EngFormatter):
-    """``EngFormatter`` for data stored in a sub-unit: times are stored in µs, read in s."""
+    """``EngFormatter`` for data stored in a sub-unit (times are stored in µs, read in s), whose
+    zero tick reads in the unit of the other ticks (``0 ms``, ``20 ms``, not ``0 s``, ``20 ms``)."""
 
-    def __init__(self, unit: str, scale: float):
+    def __init__(self, unit: str, scale: float = 1.0):
         super().__init__(unit=unit)
         self.scale = scale
 
     def format_data(self, value):
         return super().format_data(value * self.scale)
+
+    def format_ticks(self, values):
+        labels = super().format_ticks(values)
+        units = [label.rsplit(" ", 1)[-1] for v, label in zip(values, labels) if v != 0 and " " in label]
+        return [f"0 {units[-1]}" if v == 0 and units else label for v, label in zip(values, labels)]
 
 
 #: The value kinds figures know, by name: ``bytes`` (permuted bytes), ``count`` (hotspot ops),

@@ -179,15 +179,15 @@ def time_interleaved(fns: dict[str, Callable[[], object]], repeats: int = 7, *, 
     in the same round), ``ratio_low``/``ratio_high`` (that median's distribution-free interval,
     :func:`~auditor.measure.median_interval`), ``verdict`` (``faster`` or ``slower`` than the
     first when the whole interval lies on one side of 1, else ``within noise``; the first is the
-    ``baseline``), ``rounds``, ``clock``, and from the same samples ``wall_us`` and ``cpu_us``,
+    ``baseline``), ``rounds``, ``clock``, ``threads``, and from the same samples ``wall_us`` and ``cpu_us``,
     ``wall_spread``, ``cpu_spread`` (interquartile range over median) and ``faults`` (median
     minor page faults per call: above zero, the allocator is returning memory to the OS between
     calls, see :func:`steady_malloc`).
     """
     with torch_threads(threads):
-        clock = default_clock(device)
+        clock, used = default_clock(device), torch.get_num_threads()
         taken = Rounds(fns, min_sample_us=min_sample_us, device=device).run(repeats)
-    return _paired(taken, clock)
+    return _paired(taken, clock).assign(threads=used)
 
 
 def _paired(taken: Rounds, clock: str) -> pd.DataFrame:
