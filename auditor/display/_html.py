@@ -58,6 +58,9 @@ def table_html(frame: pd.DataFrame, *, columns: Mapping[str, str] | Sequence[str
     styler = view.style.format(escape="html", na_rep="-").format_index(escape="html", axis=1).hide(axis="index")
     # each later format() names its subset: one without resets the other columns' escaping
     formatted = {names[c]: _escaped(f) for c, f in fmt.items() if c in names and c not in sources}
+    for c in names:  # prose and code: escaped, in a box of a width (a table cell ignores max-width)
+        if c in TEXT_COLUMNS and c not in sources and not pd.api.types.is_numeric_dtype(shown[c]):
+            formatted[names[c]] = _boxed(formatted.get(names[c], html.escape), c in CODE_COLUMNS)
     if formatted:
         styler = styler.format(formatted, subset=list(formatted), na_rep="-")
     if sources:
@@ -88,6 +91,15 @@ def column_css(values: pd.Series, name: str, *, sources: bool = False, formatted
         props = _TEXT_CSS
     align = props.split(";", 1)[0]
     return [{"selector": "td", "props": props}, {"selector": "th", "props": f"{align}; vertical-align: bottom"}]
+
+
+def _boxed(escaped: Callable[[object], str], code: bool) -> Callable[[object], str]:
+    """A cell formatter that puts the escaped text in a block that wraps within its width."""
+    width = "22em" if code else "24em"
+    font = "; font-family: monospace" if code else ""
+    space = "pre-wrap" if code else "normal"
+    return lambda v: (f'<div style="max-width: {width}; min-width: 14em; white-space: {space}; '
+                      f'overflow-wrap: anywhere{font}">{escaped("" if v is None else str(v))}</div>')
 
 
 def _escaped(f: Callable | str) -> Callable[[object], str]:
