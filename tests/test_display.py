@@ -283,9 +283,13 @@ def test_numbers_are_right_aligned_and_narrow_and_prose_wraps_within_a_width():
     assert out.count("<div style=\"max-width: 22em") == 1 and out.count("<div style=\"max-width: 24em") == 1
 
 
-def test_fixes_table_fix_number_is_right_aligned(audit):
-    td, th = _css(auditor.suggest_fixes(audit)._repr_html_(), "fix")
+def test_fixes_table_fix_number_is_right_aligned_and_its_code_left(audit):
+    out = auditor.suggest_fixes(audit)._repr_html_()
+    td, th = _css(out, "fix")
     assert "text-align: right" in td and "text-align: right" in th
+    for heading in ("now", "do", "why"):  # "now" has a format of its own: still code, on the left
+        td, th = _css(out, heading)
+        assert "text-align: left" in td and "text-align: left" in th
 
 
 def test_nothing_reads_as_zero_point_zero():

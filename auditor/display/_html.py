@@ -79,14 +79,15 @@ def column_css(values: pd.Series, name: str, *, sources: bool = False, formatted
     """A column's cell style, and its heading aligned like its cells: numbers (a fix's number
     too) right and narrow, source lines left and whole, prose and code left and wrapped within
     a width."""
+    numeric = pd.api.types.is_numeric_dtype(values)
     if sources:
         props = f"{_TEXT_CSS}; white-space: nowrap"
-    elif formatted or pd.api.types.is_numeric_dtype(values) or pd.api.types.is_bool_dtype(values):
-        props = _NUMBER_CSS
-    elif name in CODE_COLUMNS:
+    elif name in CODE_COLUMNS and not numeric:
         props = _CODE_CSS
-    elif name in TEXT_COLUMNS:
+    elif name in TEXT_COLUMNS and not numeric:
         props = _PROSE_CSS
+    elif formatted or numeric:
+        props = _NUMBER_CSS
     else:
         props = _TEXT_CSS
     align = props.split(";", 1)[0]
