@@ -363,7 +363,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trace", action="store_true",
                    help="also write trace.json with --out: a Chrome trace for Perfetto or chrome://tracing")
     p.add_argument("--out", metavar="DIR",
-                   help="write the audit's files there; one folder per model when several are given")
+                   help="write the audit's files there; one folder per model when several are given. "
+                        "events.csv is the whole audit for Audit.read_csv: its first rows (version, complete, "
+                        "error, category) are not ops, so in a spreadsheet filter its 'record' column to tensor "
+                        "and event; hotspots.csv, causes.csv and summary.csv are plain tables")
     p.add_argument("--force", action="store_true", help="overwrite an audit already in --out")
     p.add_argument("--traceback", action="store_true", help="print the full traceback of a failure")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,

@@ -191,6 +191,7 @@ def heatmap(audit: Audit, depth: int = 1, value: str | None = None, columns: str
             f"{_ops_line(audit)}; none loses, converts or restores\n"
             f"the format between two convolutions ({len(data)} modules at depth {depth})",
         )
+    data, labels, empty = _without_empty(data, labels)
     hidden = 0
     if len(data) > max_rows:
         totals = data.sum(axis=1)
@@ -208,9 +209,9 @@ def heatmap(audit: Audit, depth: int = 1, value: str | None = None, columns: str
     xlabel_w = _widest(labels, tick_font)
     cell_w = max(0.6, _widest((t for row in texts for t in row), cell_font) + 0.2)
     cell_h = 0.26
-    left = max(_widest(ylabels, tick_font) + 0.3, xlabel_w * math.cos(angle) - cell_w / 2 + 0.2)
-    bottom = xlabel_w * math.sin(angle) + 0.4
-    title_lines = 2 if hidden else 1
+    left = max(_widest(ylabels, tick_font) + 0.55, xlabel_w * math.cos(angle) - cell_w / 2 + 0.2)
+    bottom = xlabel_w * math.sin(angle) + 0.65
+    title_lines = 2 if hidden or empty else 1
     width = max(6.0, left + cols * cell_w + 1.5)  # 1.5: colourbar, its ticks and label
     height = max(2.8, 0.35 + 0.25 * title_lines + rows * cell_h + bottom)
     fig = AuditFigure(figsize=(width, height), layout="constrained")
@@ -220,6 +221,8 @@ def heatmap(audit: Audit, depth: int = 1, value: str | None = None, columns: str
     ax.set_xticks(range(cols), labels, rotation=_TICK_ROTATION, ha="right", rotation_mode="anchor",
                   fontsize=tick_font)
     ax.set_yticks(range(rows), ylabels, fontsize=tick_font)
+    ax.set_xlabel("phase and op of the hotspots" if columns == "op" else "phase and kind of the hotspots", fontsize=9)
+    ax.set_ylabel("module", fontsize=9)
     ax.set_facecolor("#f4f4f4")
     if columns == "op":  # a white rule between the forward and the backward columns
         phases = [label.split(" ", 1)[0] for label in labels]
@@ -233,8 +236,9 @@ def heatmap(audit: Audit, depth: int = 1, value: str | None = None, columns: str
                 ax.text(j, i, texts[i][j], ha="center", va="center", fontsize=cell_font,
                         color="white" if values[i, j] > 0.6 * peak else "black")
     title = f"Format-loss heatmap: {quantity.label} by module (depth {depth})"
-    if hidden:
-        title += f"\n{hidden} rows with the least hidden"
+    notes = [f"{empty} modules without hotspots"] * bool(empty) + [f"{hidden} with the least"] * bool(hidden)
+    if notes:
+        title += f"\nnot shown: {', '.join(notes)}"
     ax.set_title(title, fontsize=10)
     colorbar = fig.colorbar(image, ax=ax, shrink=min(0.9, 4.0 / (rows * cell_h)), anchor=(0.0, 1.0),
                             label=quantity.label)
@@ -242,6 +246,17 @@ def heatmap(audit: Audit, depth: int = 1, value: str | None = None, columns: str
     return fig
 
 
+def _without_empty(data: pd.DataFrame, labels: list[str]) -> tuple[pd.DataFrame, list[str], int]:
+    """The heatmap without its rows and columns of zeros (modules without hotspots, kinds no
+    hotspot has), the labels of the columns kept, and how many rows were dropped."""
+    rows = data.to_numpy().any(axis=1)
+    cols = data.to_numpy().any(axis=0)
+    return data.loc[rows, cols], [t for t, keep in zip(labels, cols, strict=True) if keep], int((~rows).sum())
+
+
+#: The timeline's caption for its ``ambiguous`` lane.
+AMBIGUOUS_NOTE = ("ambiguous: an activation with one channel or a 1×1 image (N×1×H×W, N×C×1×1), "
+                  "whose strides fit both formats")
 _LANES = ("channels_last", "channels_last_3d", "ambiguous", "contiguous", "other")
 
 
@@ -327,8 +342,8 @@ def format_timeline(audit: Audit, depth: int = 1) -> Figure:
         ax.scatter(x, y, s=6, color="#52606d", zorder=2, label="op")
         conv = d["is_conv"].to_numpy()
         if conv.any():
-            ax.vlines(x[conv], -0.4, len(lanes) - 0.6, color="#2f80ed", linewidth=0.5, alpha=0.5,
-                      zorder=0, label="convolution")
+            ax.vlines(x[conv], -0.4, len(lanes) - 0.6, color="#2f80ed", linewidth=0.6, alpha=0.6,
+                      zorder=0.5, label="convolution")  # above the module bands (zorder 0)
         hot = d["hotspot"].to_numpy()
         if hot.any():
             ax.scatter(x[hot], y[hot], s=40, color="#d64545", marker="x", zorder=3, label="hotspot")
@@ -339,9 +354,11 @@ def format_timeline(audit: Audit, depth: int = 1) -> Figure:
         ax.set_ylabel(phase, fontsize=9)
         ax.grid(axis="y", color="#e4e7eb", linewidth=0.5)
         ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), fontsize=7, ncol=3, frameon=False)
-    axes[-1].set_xlabel(f"ops writing a 4-D/5-D activation, in execution order; shaded: modules at depth {depth}",
-                        fontsize=9)
-    axes[0].set_title("Memory format of the activation along the model", fontsize=10, loc="left")
+    note = "\n" + AMBIGUOUS_NOTE if "ambiguous" in lanes else ""
+    axes[-1].set_xlabel(f"ops writing a 4-D/5-D activation, in execution order; shaded: modules at depth {depth}"
+                        + note, fontsize=9)
+    axes[0].set_title(f"Memory format of each activation written in the whole step ({' then '.join(phases)})",
+                      fontsize=10, loc="left")
     return fig
 
 
@@ -462,31 +479,45 @@ def top_hotspots(audit: Audit, n: int = 10, by: str = "cause", value: str | None
         return _no_hotspots_figure("Top hotspots", f"{_ops_line(audit)}; nothing to rank")
     quantity = QUANTITIES[value]
     kinds = [k for k in KIND_COLUMNS if bars[k].any()]
+    savings = _savings(bars, value)
     ends = []  # the bar's total, its kind when it has one, and what a fix saves
-    for _, r in bars.iterrows():
+    for (_, r), saved in zip(bars.iterrows(), savings, strict=True):
         present = [k for k in kinds if r[k]]
         text = quantity.text(r[value]) + (f" {present[0]}" if len(present) == 1 else "")
-        if value == "time_us" and "saving_us" in bars and r["saving_us"] == r["saving_us"]:
-            text += f", fix saves ~{QUANTITIES['time_us'].text(r['saving_us'])}"
-        ends.append(text)
-    label_w = _widest(bars["label"], 8)
-    fig = AuditFigure(figsize=(label_w + 6.0, max(2.2, 0.34 * len(bars) + 1.5)), layout="constrained")
+        ends.append(text + (f"; a fix saves ~{QUANTITIES['time_us'].text(saved)}" if saved == saved else ""))
+    label_w, end_w = _widest(bars["label"], 8), _widest(ends, 8)
+    plot_w = max(4.0, end_w + 2.5)
+    fig = AuditFigure(figsize=(label_w + plot_w + 0.6, max(2.2, 0.34 * len(bars) + 1.5)), layout="constrained")
     ax = fig.add_subplot()
     y = np.arange(len(bars))[::-1]
     left = np.zeros(len(bars))
     for k in kinds:
         ax.barh(y, bars[k], left=left, color=KIND_COLORS[k], label=k, height=0.7)
         left += bars[k].to_numpy()
+    if np.isfinite(savings).any():
+        ax.barh(y, np.nan_to_num(savings), height=0.7, fill=False, hatch="////", edgecolor="#1f2933",
+                linewidth=0.6, label="a fix saves")
     ax.set_yticks(y, bars["label"], fontsize=8)
     for yi, b, text in zip(y, left, ends, strict=True):
-        ax.text(b, yi, " " + text, va="center", fontsize=7)
+        ax.text(b, yi, " " + text, va="center", fontsize=8)
     ax.set_xlabel(quantity.label)
     quantity.format_axis(ax.xaxis)
-    ax.set_xlim(0, max(left.max(), 1e-9) * (1.6 if value == "time_us" else 1.35))
-    what = {"cause": "causes", "group": "hotspot groups", "source": "source lines"}.get(by, f"hotspots by {by}")
-    ax.set_title(f"Top {len(bars)} {what}", fontsize=10, loc="left")
-    ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=len(kinds), fontsize=7, frameon=False)
+    # room for each bar's text after its end, and no more: the longest bar does not set the scale alone
+    axes_w = plot_w - 0.4
+    widths = [_text_size(" " + t, 8)[0] for t in ends]
+    ax.set_xlim(0, max(max(b / max(0.05, 1 - w / axes_w) for b, w in zip(left, widths, strict=True)), 1e-9) * 1.02)
+    what = {"cause": ("cause", "causes"), "group": ("hotspot group", "hotspot groups"),
+            "source": ("source line", "source lines")}.get(by, (f"hotspot by {by}", f"hotspots by {by}"))
+    ax.set_title(f"Top {what[0]}" if len(bars) == 1 else f"Top {len(bars)} {what[1]}", fontsize=10, loc="left")
+    ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=len(kinds) + 1, fontsize=7, frameon=False)
     return fig
+
+
+def _savings(bars: pd.DataFrame, value: str) -> np.ndarray:
+    """Per bar, what fixing it saves in µs (NaN where unknown, or where the bars are bytes)."""
+    if value != "time_us" or "saving_us" not in bars:
+        return np.full(len(bars), np.nan)
+    return bars["saving_us"].to_numpy(dtype=float)
 
 
 def save(fig: Figure, path, dpi: int = 100, format: str | None = None) -> None:

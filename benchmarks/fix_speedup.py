@@ -143,7 +143,7 @@ def bench_model(name: str, args) -> list[dict]:
                    for k, m in variants.items()}
         else:
             fns = {k: _infer(m, x, k == "channels_last") for k, m in variants.items()}
-        timed = plan.time_interleaved(fns, args.repeats, min_sample_us=plan.MODEL_SAMPLE_US)
+        timed = plan.time_interleaved(fns, args.repeats, min_sample_us=plan.MODEL_SAMPLE_US, threads=None)
         t = timed[f"{args.clock}_us"].to_dict()
         wall = timed["wall_us"].to_dict()
         best = min(t["contiguous"], t["channels_last"])

@@ -249,3 +249,72 @@ def test_progress_setting():
             mp.setenv("AUDITOR_PROGRESS", value)
             assert progress.setting() is expected, value
             assert progress.enabled() is (expected is not False)
+
+
+# -- what the tables and the report say ------------------------------------------------------------
+
+
+def _css(out: str, heading: str) -> tuple[str, str]:
+    """The cell and heading style of the column headed ``heading`` in a Styler table."""
+    import re
+
+    heads = re.findall(r'<th id="[^"]*" class="col_heading level0 (col\d+)" >([^<]*)</th>', out)
+    col = next(c for c, h in heads if h == heading)
+    td = re.search(rf"td\.{col} {{([^}}]*)}}", out).group(1)
+    th = re.search(rf"th\.{col} {{([^}}]*)}}", out).group(1)
+    return td, th
+
+
+def test_numbers_are_right_aligned_and_narrow_and_prose_wraps_within_a_width():
+    """A fix's number is a number (right, no prose width); code and prose wrap within a
+    width; every heading is aligned like its cells (a text column's heading on the left)."""
+    frame = pd.DataFrame({"fix": [1], "action": ["edit source"], "line": ["a = b\nc = d"],
+                          "detail": ["why " * 40], "bytes": [802800]})
+    out = table_html(frame)
+    td, th = _css(out, "fix")
+    assert "text-align: right" in td and "min-width" not in td and "text-align: right" in th
+    for heading in ("action", "line", "detail"):
+        td, th = _css(out, heading)
+        assert "text-align: left" in td and "text-align: left" in th
+    for heading in ("line", "detail"):
+        td, _ = _css(out, heading)
+        assert "max-width" in td
+    assert "pre-wrap" in _css(out, "line")[0]  # a multi-line statement keeps its lines
+    assert out.count("<div style=\"max-width: 22em") == 1 and out.count("<div style=\"max-width: 24em") == 1
+
+
+def test_fixes_table_fix_number_is_right_aligned_and_its_code_left(audit):
+    out = auditor.suggest_fixes(audit)._repr_html_()
+    td, th = _css(out, "fix")
+    assert "text-align: right" in td and "text-align: right" in th
+    for heading in ("now", "do", "why"):  # "now" has a format of its own: still code, on the left
+        td, th = _css(out, heading)
+        assert "text-align: left" in td and "text-align: left" in th
+
+
+def test_nothing_reads_as_zero_point_zero():
+    assert auditor.display.format_bytes(0) == "0 B" and auditor.display.format_us(0.0) == "0 s"
+    assert auditor.display.format_bytes(1500) == "1.5 kB"
+    plain = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 4, 3))
+    report = auditor.audit(plain.to(memory_format=CL), torch.randn(1, 3, 8, 8).to(memory_format=CL),
+                           record_time=False).report()
+    assert "0 B moved (forward 0 B, backward 0 B)" in report and "0.0" not in report
+
+
+def test_report_explains_the_n_a_kind(audit):
+    import re
+
+    report = audit.report()
+    assert re.search(r"n/a \d+ \(no image read or written, or a factory\)", report)
+
+
+def test_modules_share_is_of_what_they_are_ranked_by():
+    """Timed, a module's share is of the hotspots' time, and says so."""
+    from auditor.display._report import module_rows
+
+    summary = pd.DataFrame({"module": ["a", "b"], "hotspots": [1, 1], "bytes": [900, 100],
+                            "share": [0.9, 0.1], "time_us": [10.0, 30.0]})
+    rows, timed = module_rows(summary)
+    assert timed and list(rows["module"]) == ["b", "a"] and list(rows["share"]) == [0.75, 0.25]
+    rows, timed = module_rows(summary.assign(time_us=float("nan")))
+    assert not timed and list(rows["share"]) == [0.9, 0.1]

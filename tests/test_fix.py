@@ -563,6 +563,32 @@ def test_time_interleaved_reports_both_clocks_spread_and_page_faults():
     assert plan.default_clock("cpu") in ("cpu", "wall")
 
 
+def test_time_interleaved_times_one_thread_in_cpu_time_with_paired_ratios(monkeypatch):
+    """By default one thread, process CPU time, and each callable's paired ratio to the first
+    with its interval and a verdict: load from elsewhere cannot turn noise into a saving."""
+    from auditor.measure import _harness
+
+    seen = []
+
+    def fake(name, fn, number, device):  # b takes twice a's time in every round; c the same as a
+        seen.append(torch.get_num_threads())
+        return {"a": 100.0, "b": 200.0, "c": 100.0}[name], {"a": 10.0, "b": 20.0, "c": 10.0}[name], 0.0
+
+    monkeypatch.setattr(_harness, "sample", fake)
+    threads = torch.get_num_threads()
+    t = plan.time_interleaved({"a": lambda: None, "b": lambda: None, "c": lambda: None}, 7)
+    assert set(seen) == {1} and torch.get_num_threads() == threads
+    assert (t["clock"] == "cpu").all() and list(t["us"]) == [10.0, 20.0, 10.0]
+    assert list(t["verdict"]) == ["baseline", "slower", "within noise"]
+    assert t.at["b", "ratio"] == 2.0 and t.at["b", "ratio_low"] == 2.0 and (t["rounds"] == 7).all()
+    few = plan.time_interleaved({"a": lambda: None, "b": lambda: None}, 3)
+    assert few.at["b", "verdict"] == "within noise"  # too few rounds for an interval
+    if threads > 1:
+        seen.clear()
+        assert (plan.time_interleaved({"a": lambda: None}, 1, threads=None)["clock"] == "wall").all()
+        assert set(seen) == {threads}
+
+
 class Softmax(nn.Softmax):
     """A subclass of torch's Softmax that keeps its name, as libraries' own layers do."""
 

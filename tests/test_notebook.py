@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import nbformat
@@ -38,8 +39,17 @@ def test_notebook_runs_headless(tmp_path, monkeypatch):
     assert "vanished" in diff_cell.outputs[0]["data"]["text/plain"]
     applied = next(c for c in nb.cells if "fixes.apply(fixed)" in c.source)
     assert "True" in applied.outputs[0]["data"]["text/plain"]
-    timing = next(c for c in nb.cells if "time_interleaved" in c.source)
-    assert "before" in timing.outputs[0]["data"]["text/plain"]
+    timing = next(c for c in nb.cells if c.cell_type == "code" and "time_interleaved" in c.source)
+    said = timing.outputs[0]["text"]  # a stated conclusion from paired ratios at one thread, CPU time
+    assert "after against before" in said and "1 thread, process CPU time" in said
+    assert any(v in said for v in ("faster", "slower", "within noise"))
+    assert not re.search(r"-[\d.]+% faster", said)  # never a negative "faster"
+    table = timing.outputs[1]["data"]["text/html"]
+    assert "after / before" in table and "estimated_saving_us" not in table and "wall_spread" not in table
+    shown = [o["data"]["text/html"] for c in nb.cells if c.cell_type == "code" and "styled(before" in c.source
+             for o in c.outputs]
+    assert len(shown) == 2 and ">torchvision/models/shufflenetv2.py:35<" in shown[0]  # short paths ...
+    assert re.search(r">[\d.]+ [µm]?s<", shown[1]) and not re.search(r"\d\.\d{5}", shown[1])  # ... and units
     assert (tmp_path / "shufflenet_audit.csv").stat().st_size > 0
     assert (tmp_path / "shufflenet_trace.json").stat().st_size > 0
     assert nb.cells[-1].outputs[-1]["data"]["text/plain"] == "True"

@@ -454,4 +454,60 @@ def test_top_chart_groups_by_cause_by_default():
     assert bars["label"].iloc[0].startswith(f"1. {causes['pattern'].iloc[0]}")
     fig = plot.top_hotspots(a)
     draw(fig)
-    assert fig.axes[0].get_title(loc="left").startswith(f"Top {len(bars)} causes")
+    title = "Top cause" if len(bars) == 1 else f"Top {len(bars)} causes"  # never "Top 1 causes"
+    assert fig.axes[0].get_title(loc="left") == title
+
+
+def test_heatmap_has_axis_labels_and_no_empty_rows_or_columns(two_breaks_audit):
+    """Only modules and kinds with hotspots are drawn, the axes say what they hold, the title
+    how many modules were left out, and the colourbar's zero reads in the unit of its other ticks."""
+    a = two_breaks_audit
+    data = plot.heatmap_data(a)
+    assert (~data.to_numpy().any(axis=1)).any()  # the data keeps its rows of zeros ...
+    fig = plot.heatmap(a)
+    draw(fig)
+    ax = fig.axes[0]
+    rows = [t.get_text() for t in ax.get_yticklabels()]
+    cols = [t.get_text() for t in ax.get_xticklabels()]
+    assert rows == [m for m in data.index if data.loc[m].any()]  # ... the figure does not
+    assert cols == [c for c in data.columns if data[c].any()]
+    assert ax.get_xlabel() == "phase and kind of the hotspots" and ax.get_ylabel() == "module"
+    empty = int((~data.to_numpy().any(axis=1)).sum())
+    assert (f"{empty} modules without hotspots" in ax.get_title()) == bool(empty)
+    [cbar] = colorbars(fig)
+    ticks = [t.get_text() for t in shown_ticks(cbar.yaxis)]
+    units = {t.split(" ")[-1] for t in ticks}
+    assert ticks[0].startswith("0 ") and len(units) == 1, ticks
+
+
+def test_timeline_draws_convolutions_above_the_module_bands_and_explains_its_lanes(two_breaks_audit):
+    fig = plot.format_timeline(two_breaks_audit)
+    ax = fig.axes[0]
+    bands = [p.get_zorder() for p in ax.patches]
+    convs = [c for c in ax.collections if c.get_label() == "convolution"]
+    assert convs and bands and all(c.get_zorder() > max(bands) for c in convs)
+    assert "whole step" in ax.get_title(loc="left") and "along the model" not in ax.get_title(loc="left")
+    lanes = [t.get_text() for t in ax.get_yticklabels()]
+    assert ("ambiguous" in lanes) == ("ambiguous:" in fig.axes[-1].get_xlabel())
+
+
+def test_timeline_explains_the_ambiguous_lane():
+    """A 1-channel gate writes ambiguous activations: the caption says what the lane means."""
+    model = nn.Sequential(nn.Conv2d(3, 1, 3, padding=1), nn.Sigmoid(), nn.Conv2d(1, 4, 3, padding=1))
+    x = torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last)
+    a = auditor.audit(model.to(memory_format=torch.channels_last), x, record_time=False)
+    fig = plot.format_timeline(a)
+    assert "ambiguous" in [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert plot.AMBIGUOUS_NOTE in fig.axes[-1].get_xlabel()
+
+
+def test_top_chart_shows_the_saving_as_a_bar_and_fits_its_texts(softmax_audit):
+    fig = plot.top_hotspots(softmax_audit)
+    renderer = draw(fig)
+    ax = fig.axes[0]
+    assert any(p.get_hatch() for p in ax.patches)  # the part a fix saves, drawn over the bar
+    assert all(t.get_fontsize() >= 8 for t in ax.texts)
+    for t in ax.texts:  # each bar's text ends inside the axes: the scale leaves room, no more
+        assert t.get_window_extent(renderer).x1 <= ax.get_window_extent(renderer).x1 + 1
+    ends = [p.get_x() + p.get_width() for p in ax.patches if not p.get_hatch()]
+    assert max(ends) >= 0.4 * ax.get_xlim()[1]  # the longest bar is not squeezed by its label

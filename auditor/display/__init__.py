@@ -31,6 +31,7 @@ from ._plans import (
 )
 from ._ranks import ranks_html, ranks_text
 from ._report import audit_report
+from ._styled import Styled, styled, timing_text
 from ._text import saving_text, short_source, shorten
 from ._trace import chrome_trace, write_chrome_trace
 from ._units import QUANTITIES, format_bytes, format_us
@@ -43,6 +44,9 @@ __all__ = [
     "shorten",
     "short_source",
     "table_html",
+    "styled",
+    "Styled",
+    "timing_text",
     "audit_report",
     "audit_html",
     "chrome_trace",

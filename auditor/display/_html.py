@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import pandas as pd
 
-from ._report import total_lines
+from ._report import module_rows, total_lines
 from ._text import saving_text, short_source
 from ._units import format_bytes, format_us
 
@@ -29,6 +29,10 @@ CODE_COLUMNS = ("suggestion", "line")
 
 _TEXT_CSS = "text-align: left; vertical-align: top"
 _NUMBER_CSS = "text-align: right; vertical-align: top; white-space: nowrap"
+#: Prose and code wrap within these widths, so a table of three of them fits a 1400 px page.
+_PROSE_CSS = f"{_TEXT_CSS}; white-space: normal; min-width: 14em; max-width: 24em"
+_CODE_CSS = (f"{_TEXT_CSS}; white-space: pre-wrap; overflow-wrap: anywhere; min-width: 14em; max-width: 22em; "
+             "font-family: monospace")
 
 
 def table_html(frame: pd.DataFrame, *, columns: Mapping[str, str] | Sequence[str] | None = None,
@@ -54,22 +58,14 @@ def table_html(frame: pd.DataFrame, *, columns: Mapping[str, str] | Sequence[str
     styler = view.style.format(escape="html", na_rep="-").format_index(escape="html", axis=1).hide(axis="index")
     # each later format() names its subset: one without resets the other columns' escaping
     formatted = {names[c]: _escaped(f) for c, f in fmt.items() if c in names and c not in sources}
+    for c in names:  # prose and code: escaped, in a box of a width (a table cell ignores max-width)
+        if c in TEXT_COLUMNS and c not in sources and not pd.api.types.is_numeric_dtype(shown[c]):
+            formatted[names[c]] = _boxed(formatted.get(names[c], html.escape), c in CODE_COLUMNS)
     if formatted:
         styler = styler.format(formatted, subset=list(formatted), na_rep="-")
     if sources:
         styler = styler.format(source_html, subset=[names[c] for c in sources])
-    css = {}
-    for c, n in names.items():
-        if c in sources:
-            props = f"{_TEXT_CSS}; white-space: nowrap"
-        elif c in TEXT_COLUMNS:
-            props = f"{_TEXT_CSS}; white-space: normal; min-width: 24em"
-            props += "; font-family: monospace" if c in CODE_COLUMNS else ""
-        elif c in fmt or pd.api.types.is_numeric_dtype(shown[c]):
-            props = _NUMBER_CSS
-        else:
-            props = _TEXT_CSS
-        css[n] = [{"selector": "td", "props": props}]
+    css = {n: column_css(shown[c], c, sources=c in sources, formatted=c in fmt) for c, n in names.items()}
     styler = styler.set_table_styles(css, overwrite=False)
     if caption:
         styler = styler.set_caption(html.escape(caption))
@@ -77,6 +73,34 @@ def table_html(frame: pd.DataFrame, *, columns: Mapping[str, str] | Sequence[str
     if len(frame) > len(shown):
         out += _paragraph(f"... and {len(frame) - len(shown)} more" + (f" ({more})" if more else ""))
     return out
+
+
+def column_css(values: pd.Series, name: str, *, sources: bool = False, formatted: bool = False) -> list[dict]:
+    """A column's cell style, and its heading aligned like its cells: numbers (a fix's number
+    too) right and narrow, source lines left and whole, prose and code left and wrapped within
+    a width."""
+    numeric = pd.api.types.is_numeric_dtype(values)
+    if sources:
+        props = f"{_TEXT_CSS}; white-space: nowrap"
+    elif name in CODE_COLUMNS and not numeric:
+        props = _CODE_CSS
+    elif name in TEXT_COLUMNS and not numeric:
+        props = _PROSE_CSS
+    elif formatted or numeric:
+        props = _NUMBER_CSS
+    else:
+        props = _TEXT_CSS
+    align = props.split(";", 1)[0]
+    return [{"selector": "td", "props": props}, {"selector": "th", "props": f"{align}; vertical-align: bottom"}]
+
+
+def _boxed(escaped: Callable[[object], str], code: bool) -> Callable[[object], str]:
+    """A cell formatter that puts the escaped text in a block that wraps within its width."""
+    width = "22em" if code else "24em"
+    font = "; font-family: monospace" if code else ""
+    space = "pre-wrap" if code else "normal"
+    return lambda v: (f'<div style="max-width: {width}; min-width: 14em; white-space: {space}; '
+                      f'overflow-wrap: anywhere{font}">{escaped("" if v is None else str(v))}</div>')
 
 
 def _escaped(f: Callable | str) -> Callable[[object], str]:
@@ -138,13 +162,12 @@ def audit_html(ops: pd.DataFrame, hot: pd.DataFrame, summary: pd.DataFrame, caus
     cols["source"] = "file:line"
     parts.append(table_html(hot, columns=cols, max_rows=top, more="Audit.hotspots()",
                             caption=f"Hotspot groups ({len(hot)})"))
-    mod_timed = "time_us" in summary and summary["time_us"].notna().any()
-    summ = summary[(summary["bytes"] > 0) & (summary["hotspots"] > 0)]
-    summ = summ.sort_values("time_us" if mod_timed else "bytes", ascending=False)
-    cols = ["module", "hotspots", "bytes", "share"] + (["time_us"] if mod_timed else [])
-    parts.append(table_html(summ, columns={c: "time" if c == "time_us" else c for c in cols},
+    summ, mod_timed = module_rows(summary)
+    what = "time" if mod_timed else "bytes"
+    cols = {"module": "module", "hotspots": "hotspots", "bytes": "bytes", "share": f"share of {what}"}
+    parts.append(table_html(summ, columns=cols | ({"time_us": "time"} if mod_timed else {}),
                             max_rows=MODULES_SHOWN, more=f"Audit.summary({depth})",
-                            caption=f"Modules with most hotspot {'time' if mod_timed else 'bytes'} (depth {depth})"))
+                            caption=f"Modules with most hotspot {what} (depth {depth})"))
     return _block(parts)
 
 

@@ -12,6 +12,10 @@ from ..recording import _rules as rules
 from ._text import Column, saving_text, short_source, shorten, text_table
 from ._units import format_bytes, format_us
 
+#: Kinds whose name alone does not say what they are, explained where the report counts them.
+KIND_NOTES = {rules.NOT_APPLICABLE: " (no image read or written, or a factory)",
+              rules.AMBIGUOUS_KIND: " (only 1-channel or 1×1 images, which fit either format)"}
+
 #: Symptoms listed under one cause before "... and N more".
 SYMPTOMS_SHOWN = 4
 
@@ -57,16 +61,26 @@ def audit_report(ops: pd.DataFrame, hot: pd.DataFrame, summary: pd.DataFrame, ca
             lines.extend(_cause_lines(causes, hot, top, verified))
         else:
             lines.extend(hotspot_lines(hot, top, more="groups (Audit.hotspots())"))
-        timed = "time_us" in summary and summary["time_us"].notna().any()
-        summ = summary[(summary["bytes"] > 0) & (summary["hotspots"] > 0)]
-        summ = summ.sort_values("time_us" if timed else "bytes", ascending=False).head(5)
+        summ, timed = module_rows(summary)
+        what = "time" if timed else "bytes"
         lines.append("")
-        lines.append(f"Modules with most hotspot {'time' if timed else 'bytes'} (depth {depth}):")
+        lines.append(f"Modules with most hotspot {what} (depth {depth}; share of the hotspots' {what}):")
         time = [Column("time_us", width=9, align=">", text=format_us)] if timed else []
-        lines.extend(text_table(summ, [*MODULE_COLUMNS, *time], header=False))
+        lines.extend(text_table(summ.head(5), [*MODULE_COLUMNS, *time], header=False))
     else:
         lines.append("  No losses or conversions between convolutions: channels_last propagates.")
     return "\n".join(lines)
+
+
+def module_rows(summary: pd.DataFrame) -> tuple[pd.DataFrame, bool]:
+    """The modules with hotspots, costliest first, and whether they are timed: ``share`` is
+    then each one's share of the hotspots' time (what they are ranked by), else of their bytes."""
+    timed = "time_us" in summary and summary["time_us"].notna().any()
+    summ = summary[(summary["bytes"] > 0) & (summary["hotspots"] > 0)]
+    if timed:
+        total = summ["time_us"].sum()
+        summ = summ.assign(share=summ["time_us"] / total if total else 0.0)
+    return summ.sort_values("time_us" if timed else "bytes", ascending=False), timed
 
 
 def total_lines(ops: pd.DataFrame, hot: pd.DataFrame, causes, complete: bool, error: str) -> list[str]:
@@ -78,9 +92,8 @@ def total_lines(ops: pd.DataFrame, hot: pd.DataFrame, causes, complete: bool, er
         f"{phases.get('other', 0)} other)" + ("" if complete else f"  [INCOMPLETE: {error}]"),
     ]
     kinds = ops["kind"].value_counts()
-    lines.append(
-        "  ops by kind: " + ", ".join(f"{k} {int(kinds.get(k, 0))}" for k in kinds.index if kinds.get(k, 0))
-    )
+    lines.append("  ops by kind: " + ", ".join(f"{k} {int(kinds.get(k, 0))}" + KIND_NOTES.get(k, "")
+                                            for k in kinds.index if kinds.get(k, 0)))
     hot_ops = ops[ops["hotspot"]]
     by_phase = hot_ops.groupby("phase", observed=False)["bytes"].sum()
     n_causes = f"{len(causes)} cause{'s' if len(causes) != 1 else ''} -> " if causes is not None else ""
@@ -121,7 +134,7 @@ def _time_lines(ops: pd.DataFrame, causes) -> list[str]:
                      f"{format_us(ops['gap_us'].sum())}")
     if "artifact" in ops and ops["artifact"].any():
         lines.append(f"  {int(ops['artifact'].sum())} gradient sums ran out of place only because a recorder "
-                     "was active (events.artifact); they are never causes")
+                     "was active (marked in Audit.events['artifact']); they are never causes")
     return lines
 
 

@@ -20,15 +20,15 @@ SECONDS = EngFormatter(unit="s", places=1)
 
 
 def format_bytes(n: float) -> str:
-    """``802800`` -> ``802.8 kB``."""
-    return BYTES.format_eng(float(n))
+    """``802800`` -> ``802.8 kB``; nothing is ``0 B``, not ``0.0 B``."""
+    return "0 B" if n == 0 else BYTES.format_eng(float(n))
 
 
 def format_us(us: float) -> str:
-    """A time in microseconds -> ``404.7 µs``, ``58.4 ms``; NaN -> ``-``."""
+    """A time in microseconds -> ``404.7 µs``, ``58.4 ms``; no time is ``0 s``; NaN -> ``-``."""
     if us is None or (isinstance(us, float) and math.isnan(us)):
         return "-"
-    return SECONDS.format_eng(float(us) * 1e-6)
+    return "0 s" if us == 0 else SECONDS.format_eng(float(us) * 1e-6)
 
 
 @dataclass(frozen=True)
@@ -47,8 +47,6 @@ class Quantity:
         two axes must not share one. Engineering units never print an offset such as ``1e7``."""
         if self.unit is None:
             return StrMethodFormatter("{x:,.0f}")
-        if self.scale == 1.0:
-            return EngFormatter(unit=self.unit)
         return _ScaledEngFormatter(unit=self.unit, scale=self.scale)
 
     def format_axis(self, axis: Axis) -> None:
@@ -60,14 +58,20 @@ class Quantity:
 
 
 class _ScaledEngFormatter(EngFormatter):
-    """``EngFormatter`` for data stored in a sub-unit: times are stored in µs, read in s."""
+    """``EngFormatter`` for data stored in a sub-unit (times are stored in µs, read in s), whose
+    zero tick reads in the unit of the other ticks (``0 ms``, ``20 ms``, not ``0 s``, ``20 ms``)."""
 
-    def __init__(self, unit: str, scale: float):
+    def __init__(self, unit: str, scale: float = 1.0):
         super().__init__(unit=unit)
         self.scale = scale
 
     def format_data(self, value):
         return super().format_data(value * self.scale)
+
+    def format_ticks(self, values):
+        labels = super().format_ticks(values)
+        units = [label.rsplit(" ", 1)[-1] for v, label in zip(values, labels) if v != 0 and " " in label]
+        return [f"0 {units[-1]}" if v == 0 and units else label for v, label in zip(values, labels)]
 
 
 #: The value kinds figures know, by name: ``bytes`` (permuted bytes), ``count`` (hotspot ops),

@@ -19,6 +19,7 @@ from ._harness import (
     steady_malloc,
     sync,
     time_interleaved,
+    torch_threads,
 )
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "steady_malloc",
     "sync",
     "time_interleaved",
+    "torch_threads",
 ]
 
 

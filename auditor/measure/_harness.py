@@ -7,22 +7,24 @@ minimum time.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pandas as pd
 import torch
 
+from ._decide import MIN_ROUNDS, median_interval, ratios
+
 try:
     import resource
 except ImportError:  # not on Windows: no page-fault counts
     resource = None
-
 
 
 def sync(device: torch.device) -> None:
@@ -147,24 +149,69 @@ def spread(samples: list[float]) -> float:
     return float((q3 - q1) / med) if med else 0.0
 
 
-def time_interleaved(fns: dict[str, Callable[[], object]], repeats: int = 7, *, min_sample_us: float = 1000.0,
-                     device: torch.device | str = "cpu") -> pd.DataFrame:
-    """Time each callable ``repeats`` times, interleaved (A B C, C B A, ...) so that load from
-    other processes hits every candidate alike. A fast callable runs several times per sample so
-    that one sample lasts at least ``min_sample_us``.
+@contextlib.contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """torch at ``n`` threads for the block (None: as it is). At one thread, process CPU time
+    is the work done, whatever else the machine runs (:func:`default_clock`)."""
+    before = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
-    Returns one row per callable: ``wall_us`` and ``cpu_us`` (medians per call, wall and
-    process CPU time, both taken from the same samples), ``wall_spread``, ``cpu_spread``
-    (interquartile range over median) and ``faults`` (median minor page faults per call: above
-    zero, the allocator is returning memory to the OS between calls, see :func:`steady_malloc`).
+
+#: ``time_interleaved``'s verdicts of each callable against the first.
+FASTER, SLOWER, WITHIN_NOISE, BASELINE = "faster", "slower", "within noise", "baseline"
+
+
+def time_interleaved(fns: dict[str, Callable[[], object]], repeats: int = 7, *, min_sample_us: float = 1000.0,
+                     device: torch.device | str = "cpu", threads: int | None = 1) -> pd.DataFrame:
+    """Time each callable ``repeats`` times, interleaved (A B C, C B A, ...) so that load from
+    other processes hits every candidate alike, at ``threads`` torch threads (default one, as the
+    benchmarks: on a CPU the clock is then process CPU time; None keeps torch's setting and, with
+    several threads, the wall clock). A fast callable runs several times per sample so that one
+    sample lasts at least ``min_sample_us``.
+
+    Returns one row per callable: ``us`` (median per call on ``clock``, :func:`default_clock`
+    at those threads), ``ratio`` (the median over rounds of its time over the first callable's
+    in the same round), ``ratio_low``/``ratio_high`` (that median's distribution-free interval,
+    :func:`~auditor.measure.median_interval`), ``verdict`` (``faster`` or ``slower`` than the
+    first when the whole interval lies on one side of 1, else ``within noise``; the first is the
+    ``baseline``), ``rounds``, ``clock``, ``threads``, and from the same samples ``wall_us`` and ``cpu_us``,
+    ``wall_spread``, ``cpu_spread`` (interquartile range over median) and ``faults`` (median
+    minor page faults per call: above zero, the allocator is returning memory to the OS between
+    calls, see :func:`steady_malloc`).
     """
-    return Rounds(fns, min_sample_us=min_sample_us, device=device).run(repeats).frame()
+    with torch_threads(threads):
+        clock, used = default_clock(device), torch.get_num_threads()
+        taken = Rounds(fns, min_sample_us=min_sample_us, device=device).run(repeats)
+    return _paired(taken, clock).assign(threads=used)
+
+
+def _paired(taken: Rounds, clock: str) -> pd.DataFrame:
+    """``taken``'s frame with each callable's time on ``clock`` and its paired ratios to the first."""
+    frame = taken.frame()
+    times = taken.times(clock)
+    first = next(iter(times))
+    rows = []
+    for name, samples in times.items():
+        paired = ratios(samples, times[first])
+        low, high = median_interval(paired)
+        ratio = statistics.median(paired) if paired else float("nan")
+        verdict = (BASELINE if name == first else FASTER if len(paired) >= MIN_ROUNDS and high < 1
+                   else SLOWER if len(paired) >= MIN_ROUNDS and low > 1 else WITHIN_NOISE)
+        rows.append({"us": frame.at[name, f"{clock}_us"], "ratio": ratio, "ratio_low": low, "ratio_high": high,
+                     "verdict": verdict, "rounds": len(paired), "clock": clock})
+    return pd.DataFrame(rows, index=frame.index).join(frame)
 
 
 def median_times(fns: dict[str, Callable[[], object]], repeats: int = 7, *, min_sample_us: float = 1000.0,
                  device: torch.device | str = "cpu", clock: str | None = None) -> dict[str, float]:
     """Median time per call of each callable in µs, on ``clock`` (``wall`` or ``cpu``; default
-    :func:`default_clock`), measured by :func:`time_interleaved`."""
+    :func:`default_clock`), measured in interleaved rounds at the caller's threads (a plan
+    times everything at the threads it runs at)."""
     clock = clock or default_clock(device)
-    t = time_interleaved(fns, repeats, min_sample_us=min_sample_us, device=device)
-    return t[f"{clock}_us"].to_dict()
+    taken = Rounds(fns, min_sample_us=min_sample_us, device=device).run(repeats)
+    return {name: statistics.median(v) for name, v in taken.times(clock).items()}
