@@ -5,12 +5,12 @@ from __future__ import annotations
 import pandas as pd
 
 from . import analysis
+from .analysis._compiled import CompiledStep, compiled_report_tables
 from .display import audit_html, audit_report, chrome_trace, progress, write_chrome_trace
+from .display._compiled import compiled_html, compiled_text
 from .recording import _csv as csvfile
 from .recording import _log as log
 from .recording._files import atomic_write
-from .analysis._compiled import CompiledStep, compiled_report_tables
-from .display._compiled import compiled_html, compiled_text
 from .recording._mode import RawLog
 
 

@@ -184,14 +184,15 @@ def compare_compiled(causes: pd.DataFrame, kernels: pd.DataFrame, conv: pd.DataF
                               zip(conv["graph"], conv["phase"], conv["kernel"], conv["source"])])
     used, rows = set(), []
     for c in causes.to_dict("records"):
-        hit = conv[[c["source"] in ls and p == c["phase"] for ls, p in zip(conv["lines"], conv["phase"])]] \
-            if c["source"] else conv.iloc[:0]
+        mask = np.array([bool(c["source"]) and c["source"] in ls and p == c["phase"]
+                         for ls, p in zip(conv["lines"], conv["phase"])], dtype=bool)
+        hit = conv[mask] if len(conv) else conv
         used |= set(hit.index)
         rows.append({"cause": c["cause"], "phase": c["phase"], "pattern": c["pattern"], "op": c["op"],
                      "source": c["source"], "module": c["module"], "eager_time_us": c.get("time_us", np.nan),
                      "status": KEPT if len(hit) else REMOVED, "kernel": "; ".join(hit["kernel"]),
                      "compiled_time_us": hit["time_us"].sum(min_count=1) if len(hit) else np.nan})
-    for i, r in conv.drop(index=list(used)).iterrows():
+    for _, r in conv.drop(index=list(used)).iterrows():
         rows.append({"cause": np.nan, "phase": r["phase"], "pattern": "", "op": "", "source": r["source"],
                      "module": r["module"], "eager_time_us": np.nan, "status": ONLY_COMPILED, "kernel": r["kernel"],
                      "compiled_time_us": r["time_us"]})

@@ -24,96 +24,13 @@ from collections import defaultdict
 import torch
 
 from . import _torch as T
+from ._inductor_graph import read_graph
 
 #: One row per buffer a kernel reads or writes (``role``), in its kernel's order.
 BUFFER_KEYS = ("graph", "phase", "order", "role", "buffer", "shape", "stride", "dtype", "itemsize",
                "graph_input", "graph_output")
 KERNEL_KEYS = ("graph", "phase", "order", "kernel", "kind", "source", "module", "sources", "fx_nodes")
 GRAPH_KEYS = ("graph", "phase", "compile_id", "layout_opt", "layout_opt_reason", "layout_opt_log", "output_code")
-
-#: Where a hint for a symbolic size is missing (dynamic shapes without an example value).
-_NO_HINT = 8192
-
-
-def _phase(graph) -> str:
-    return "backward" if graph.is_backward else "inference" if graph.is_inference else "forward"
-
-
-def _hint(graph, e) -> int:
-    try:
-        return int(e)
-    except TypeError:
-        return int(graph.sizevars.optimization_hint(e, fallback=_NO_HINT))
-
-
-def layout_of(graph, node):
-    """(shape, stride, dtype) Inductor gave ``node``, as ints (hints for symbolic sizes), or None
-    for a node without one (a multi-output parent, a mutation, an opaque layout)."""
-    ir = T.inductor_ir
-    try:
-        lay = node.get_layout()
-    except Exception:  # noqa: BLE001  (MultiOutputLayout raises NotImplementedError; others vary)
-        return None
-    if not isinstance(lay, ir.Layout) or isinstance(lay, (ir.MultiOutputLayout, ir.NoneLayout)):
-        return None
-    return (tuple(_hint(graph, s) for s in lay.size), tuple(_hint(graph, s) for s in lay.stride), lay.dtype)
-
-
-def user_frame(node) -> tuple[str, str]:
-    """(``file:line``, module path) of an FX node: the last frame of its ``stack_trace``, which is
-    the user's line (AOTAutograd copies it onto backward nodes), and its ``nn_module_stack``."""
-    trace = (node.meta.get("stack_trace") or "").strip().splitlines()
-    source = ""
-    for line in reversed(trace):
-        line = line.strip()
-        if line.startswith("File ") and ", line " in line:
-            path = line.split('"')[1] if '"' in line else "?"
-            source = f"{path}:{line.split(', line ')[1].split(',')[0]}"
-            break
-    stack = node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack") or {}
-    module = ""
-    if stack:
-        path, _type = list(stack.values())[-1]
-        module = _module_path(path)
-    return source, module
-
-
-def _module_path(dynamo_path: str) -> str:
-    """``L['self'].layer1[0].conv1`` (Dynamo's spelling) as ``layer1.0.conv1``."""
-    text = str(dynamo_path)
-    if text.startswith("L["):
-        text = text.split("]", 1)[1] if "]" in text else ""
-    text = text.replace("][", ".").replace("[", ".").replace("]", "").replace("'", "")
-    for prefix in ("._modules.", "._orig_mod."):
-        text = text.replace(prefix, ".")
-    return text.strip(".")
-
-
-def origins(nodes) -> list:
-    """The FX nodes IR nodes came from, by name, once each."""
-    seen = {}
-    for node in nodes:
-        for fx in sorted(getattr(node, "origins", ()) or (), key=lambda n: n.name):
-            seen.setdefault(fx.name, fx)
-    return list(seen.values())
-
-
-def where_from(fx_nodes) -> tuple[str, str, str]:
-    """(source, module, every source) of a kernel's FX nodes: the first node with a line; a
-    kernel whose nodes have none (a graph input's copy, a stride constraint) borrows the line of
-    a neighbouring node, its consumer first."""
-    frames = [user_frame(n) for n in fx_nodes]
-    lines = [f for f in frames if f[0]]
-    if not lines:
-        for n in fx_nodes:
-            for near in [*n.users, *n.all_input_nodes]:
-                frame = user_frame(near)
-                if frame[0]:
-                    return frame[0], frame[1], frame[0]
-        return "", next((m for _, m in frames if m), ""), ""
-    module = next((m for s, m in lines if m), "")
-    return lines[0][0], module, ";".join(dict.fromkeys(s for s, _ in lines))
-
 
 class InductorRecorder:
     """Records every graph Inductor lowers inside the ``with`` block, as plain rows (``graphs``,
@@ -220,15 +137,13 @@ class InductorRecorder:
 
     # -- reading one lowered graph -----------------------------------------------------------
     def _read(self, graph, path: str | None) -> None:
-        from . import _inductor_graph
-
         emitted = self._emitted.pop(id(graph), [])
         if not emitted and graph.scheduler is not None and len(graph.scheduler.nodes):
             raise T.TorchInternalsError(
                 f"Inductor of torch {torch.__version__} emitted kernels without naming them through "
                 "set_kernel_post_grad_provenance_tracing")
         compile_id = str(T.CompileContext.current_compile_id())
-        graph_row, kernels, buffers = _inductor_graph.read_graph(graph, emitted, path, compile_id,
+        graph_row, kernels, buffers = read_graph(graph, emitted, path, compile_id,
                                                                  self._decisions.pop(id(graph.module), None))
         with self._lock:
             self.graphs.append(graph_row)
