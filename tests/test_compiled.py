@@ -49,7 +49,8 @@ _STRIDED = re.compile(r"(\w+) = empty_strided_cpu\((\([^()]*\)), (\([^()]*\))")
 _ASSERTED = re.compile(r"assert_(?:size_stride|tensor_metadata)\((\w+), (\([^()]*\)), (\([^()]*\))")
 _GROUPED = re.compile(r"assert_size_stride_grouped\((\([^()]*\)), (\(.*\)), 'input'\)")
 _ALIAS = re.compile(r"^\s*(\w+) = (\w+); del \w+\s+# reuse", re.M)
-_BINDING = re.compile(r"^(cpp_fused_\w+) = async_compile\.cpp_pybinding\((\[[^\]]*\])", re.M)
+_BINDING = re.compile(r"^(cpp_fused_\w+) = async_compile\.cpp_pybinding\((\[[^\]]*\]).*?\bkernel\(([^)]*)\)",
+                      re.M | re.S)
 _CALL = re.compile(r"^\s+(cpp_fused_\w+)\((.*)\)\s*$", re.M)
 
 
@@ -78,14 +79,17 @@ def code_conversions(path: str) -> set[str]:
     """The C++ kernels of one output file that read an image in one format and write one of the
     same sizes in another."""
     code = open(path).read()
-    layouts, kinds = _layouts(code), {k: ast.literal_eval(v) for k, v in _BINDING.findall(code)}
+    layouts = _layouts(code)
+    # an argument is read when it is const or an in-out pointer, written when it is not const
+    kinds = {k: [(t, p.split()[-1]) for t, p in zip(ast.literal_eval(v), params.split(","))]
+             for k, v, params in _BINDING.findall(code)}
     found = set()
     for kernel, args in _CALL.findall(code):
         names = [a.strip() for a in args.split(",")]
-        pointers = [(n, t) for n, t in zip(names, kinds[kernel]) if t.endswith("*")]
-        fmts = {n: (layouts[n][0], format_label(*layouts[n])) for n, _ in pointers if n in layouts}
-        reads = [fmts[n] for n, t in pointers if t.startswith("const") and n in fmts]
-        for n, t in pointers:
+        pointers = [(n, t, p) for n, (t, p) in zip(names, kinds[kernel]) if t.endswith("*")]
+        fmts = {n: (layouts[n][0], format_label(*layouts[n])) for n, _, _ in pointers if n in layouts}
+        reads = [fmts[n] for n, t, p in pointers if (t.startswith("const") or p.startswith("in_out")) and n in fmts]
+        for n, t, _ in pointers:
             if t.startswith("const") or n not in fmts or len(fmts[n][0]) not in (4, 5):
                 continue
             size, fmt = fmts[n]
