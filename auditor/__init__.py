@@ -17,7 +17,7 @@ code is laid out".
 
 from . import _deprecated
 from ._api import audit
-from ._result import Audit, diff
+from ._result import Audit, compare_compiled, diff
 from ._session import FormatAuditor
 from .fix import (
     convert_conv2d_weight_memory_format,
@@ -28,6 +28,7 @@ from .fix import (
 )
 from .plan import apply_plan, plan_layout
 from .recording._formats import format_label
+from .recording._inductor import CompileError
 from .recording._mode import FormatLossError
 
 _deprecated.install()
@@ -41,10 +42,12 @@ def __getattr__(name: str):
 
 __all__ = [
     "Audit",
+    "CompileError",
     "FormatAuditor",
     "FormatLossError",
     "apply_plan",
     "audit",
+    "compare_compiled",
     "convert_conv2d_weight_memory_format",
     "convert_conv3d_weight_memory_format",
     "diff",

@@ -8,8 +8,9 @@ import torch
 
 from ._fake import fake_audit
 from ._result import Audit
-from ._session import record_step
+from ._session import record_compiled_step, record_step
 from ._step import Step
+from .recording._torch import OptimizedModule, original_module
 
 
 def audit(
@@ -26,6 +27,8 @@ def audit(
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
     warmup: int | None = None,
+    compile: bool = False,
+    compile_options: Mapping | None = None,
 ) -> Audit:
     """Run one step of ``model`` on ``inputs`` under a :class:`FormatAuditor` and return the Audit.
 
@@ -48,6 +51,13 @@ def audit(
     audit is timed, none otherwise (``warmup=0`` times the first step). They are real steps: they
     update batch-norm statistics and, with an optimizer, the parameters, but every gradient
     is given back the value it had, so the recorded step sees the gradients it would have seen.
+
+    ``compile=True`` (or a model that ``torch.compile`` already wrapped) also compiles the step
+    with Inductor (``compile_options`` go to ``torch.compile``), runs it once while recording
+    what Inductor lowers, and times its kernels (``record_time``): ``Audit.conversions()``,
+    ``Audit.graphs()`` and ``auditor.compare_compiled`` then describe the compiled step, while
+    ``events`` and the causes are those of the eager step (README, "Compiled models"). A model
+    that does not compile raises :class:`auditor.CompileError` with Dynamo's reason.
     """
     step = Step(model, inputs, kwargs or {}, backward=backward, loss_fn=loss_fn, optimizer=optimizer)
     if warmup is not None and (not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0):
@@ -57,6 +67,14 @@ def audit(
     record_time = not fake if record_time is None else record_time
     if warmup is None:
         warmup = 1 if record_time else 0
+    compiled = compile or is_compiled(model)
+    if compiled and fake:
+        raise ValueError("a fake audit runs no compiled code: compile=True needs real tensors")
+    if compile_options is not None and not compile:
+        raise ValueError("compile_options= applies with compile=True")
+    if compiled:
+        return _compiled_audit(step, compile_options, record_time=record_time, strict=strict,
+                               record_source=record_source, warmup=warmup)
     if not fake:
         step.warm_up(warmup)
     if fake:
@@ -64,3 +82,21 @@ def audit(
     if device is not None or dtype is not None:
         raise ValueError("device= and dtype= apply to fake audits only: pass fake=True")
     return record_step(step, strict=strict, record_source=record_source, record_time=record_time)
+
+
+def is_compiled(model) -> bool:
+    """Whether ``model`` is a module ``torch.compile`` wrapped."""
+    return isinstance(model, OptimizedModule)
+
+
+def _compiled_audit(step: Step, compile_options, *, record_time: bool, strict: bool, record_source: bool,
+                    warmup: int) -> Audit:
+    """The eager step recorded as usual, with what Inductor lowered for the compiled one."""
+    model = step.model
+    eager = step.replace(model=original_module(model)) if is_compiled(model) else step
+    compiled = record_compiled_step(step if is_compiled(model) else eager, dict(compile_options or {}),
+                                    record_time=record_time)
+    eager.warm_up(warmup)
+    result = record_step(eager, strict=strict, record_source=record_source, record_time=record_time)
+    result.compiled_step = compiled
+    return result

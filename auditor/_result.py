@@ -5,7 +5,9 @@ from __future__ import annotations
 import pandas as pd
 
 from . import analysis
+from .analysis._compiled import CompiledStep, compiled_report_tables
 from .display import audit_html, audit_report, chrome_trace, progress, write_chrome_trace
+from .display._compiled import compiled_html, compiled_text
 from .recording import _csv as csvfile
 from .recording import _log as log
 from .recording._files import atomic_write
@@ -35,6 +37,37 @@ class Audit:
         #: the table of ``Fixes.verify`` once the fixes of this audit were verified (the report
         #: then shows the measured saving beside the estimate), else None
         self.verification: pd.DataFrame | None = None
+        #: what Inductor lowered when the audit was compiled (``audit(..., compile=True)``), else None:
+        #: ``events`` are then the eager step's, the compiled tables come from here
+        self.compiled_step: CompiledStep | None = None
+
+    @property
+    def compiled(self) -> bool:
+        """Whether this audit also ran the step compiled by ``torch.compile`` (Inductor)."""
+        return self.compiled_step is not None
+
+    def _compiled_or_raise(self) -> CompiledStep:
+        if self.compiled_step is None:
+            raise ValueError("this audit was not compiled: use auditor.audit(model, x, compile=True)")
+        return self.compiled_step
+
+    def conversions(self) -> pd.DataFrame:
+        """One row per kernel of the compiled step that reads an image in one physical order and
+        writes it in another, or copies a convolution weight every step (README, "Compiled models")."""
+        return self._compiled_or_raise().conversions()
+
+    def graphs(self) -> pd.DataFrame:
+        """Per graph Inductor lowered (forward and backward, one per graph break): whether layout
+        optimization ran and why, each convolution's layout, kernels, conversions and time."""
+        return self._compiled_or_raise().graph_table()
+
+    def kernels(self) -> pd.DataFrame:
+        """Every kernel of the compiled step in code order, with its time and source."""
+        return self._compiled_or_raise().kernels.copy()
+
+    def compare_compiled(self) -> pd.DataFrame:
+        """Each eager cause of this audit beside the compiled step (``auditor.compare_compiled``)."""
+        return compare_compiled(self, self)
 
     @classmethod
     def from_raw(cls, raw: RawLog) -> Audit:
@@ -49,11 +82,28 @@ class Audit:
                               hidden=self.hidden)
 
     @classmethod
-    def read_csv(cls, path_or_buf) -> Audit:
+    def read_csv(cls, path_or_buf, compiled=None) -> Audit:
         """Read a CSV written by :meth:`to_csv` (a path, a buffer, or the text itself), exactly.
-        A cut, edited or foreign file raises ``ValueError`` naming the line and column."""
+        A cut, edited or foreign file raises ``ValueError`` naming the line and column.
+        ``compiled``: the file :meth:`compiled_to_csv` wrote, for a compiled audit."""
         read = csvfile.read_csv(path_or_buf)
-        return cls(read.events, read.tensors, complete=read.complete, error=read.error, hidden=read.hidden)
+        audit = cls(read.events, read.tensors, complete=read.complete, error=read.error, hidden=read.hidden)
+        if compiled is not None:
+            audit.compiled_step = CompiledStep.read_csv(compiled)
+        return audit
+
+    def compiled_to_csv(self, path_or_buf=None):
+        """Write what Inductor lowered (graphs, kernels with their times, buffers with their
+        layouts) as one CSV, from which ``read_csv(..., compiled=)`` rebuilds every compiled
+        table; with no path, return the text."""
+        text = self._compiled_or_raise().to_csv()
+        if path_or_buf is None:
+            return text
+        if hasattr(path_or_buf, "write"):
+            path_or_buf.write(text)
+        else:
+            atomic_write(path_or_buf, lambda tmp: tmp.write_text(text))
+        return None
 
     # -- analyses ----------------------------------------------------------------------------
     def analysis(self) -> analysis.Analysis:
@@ -109,8 +159,11 @@ class Audit:
     def report(self, top: int = 10, depth: int = 1) -> str:
         """A one-screen text report: totals, the ``top`` causes with their symptoms folded under
         them, and the modules at ``depth`` that cost most."""
-        return audit_report(self.ops(), self.hotspots(), self.summary(depth), self.causes(),
+        text = audit_report(self.ops(), self.hotspots(), self.summary(depth), self.causes(),
                             complete=self.complete, error=self.error, top=top, depth=depth, verified=self.verification)
+        if self.compiled:
+            text += "\n\n" + compiled_text(*compiled_report_tables(self.compiled_step, self.causes()), top=top)
+        return text
 
     def chrome_trace(self) -> dict:
         """The audit as a Chrome trace (:func:`auditor.display.chrome_trace`), a dict."""
@@ -124,12 +177,16 @@ class Audit:
 
     def __repr__(self) -> str:
         state = "complete" if self.complete else "incomplete"
-        return f"<Audit {len(self.events)} ops, {len(self.tensors)} tensors, {state}>"
+        compiled = f", compiled: {len(self.conversions())} conversions" if self.compiled else ""
+        return f"<Audit {len(self.events)} ops, {len(self.tensors)} tensors, {state}{compiled}>"
 
     def _repr_html_(self, top: int = 10, depth: int = 1) -> str:
         """The report as HTML tables (:func:`auditor.display.audit_html`), for notebooks."""
-        return audit_html(self.ops(), self.hotspots(), self.summary(depth), self.causes(),
+        html = audit_html(self.ops(), self.hotspots(), self.summary(depth), self.causes(),
                           complete=self.complete, error=self.error, top=top, depth=depth, verified=self.verification)
+        if self.compiled:
+            html += compiled_html(*compiled_report_tables(self.compiled_step, self.causes()), top=top)
+        return html
 
 
 def diff(before: Audit, after: Audit, include_unchanged: bool = False, by: str = "group") -> pd.DataFrame:
@@ -140,3 +197,10 @@ def diff(before: Audit, after: Audit, include_unchanged: bool = False, by: str =
     if by != "group":
         raise ValueError(f"by is 'group' or 'cause', got {by!r}")
     return analysis.diff(before.hotspots(), after.hotspots(), include_unchanged)
+
+
+def compare_compiled(eager: Audit, compiled: Audit) -> pd.DataFrame:
+    """The eager audit's causes beside the compiled audit's step: for each cause ``removed by the
+    compiler`` or ``still there`` (with the kernel that converts at its line), then every
+    conversion of the compiled step that no eager cause explains (``only compiled``)."""
+    return compiled._compiled_or_raise().compare(eager.causes())

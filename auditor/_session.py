@@ -173,3 +173,29 @@ def record_step(step: Step, *, strict: bool = False, record_source: bool = False
     with fa:
         step.run()
     return fa.audit
+
+
+def record_compiled_step(step: Step, compile_options: dict | None = None, record_time: bool = True):
+    """Compile ``step``'s model with Inductor (or take the ``torch.compile``'d module it is),
+    run one step under :func:`~auditor.recording._inductor.record_compiled` and return what was
+    lowered as a :class:`~auditor.analysis.CompiledStep`. Gradients are given back the values
+    they had, so an eager recording of the same step sees what it would have seen."""
+    import torch
+
+    from .analysis._compiled import CompiledStep
+    from .recording._inductor import record_compiled
+    from .recording._torch import OptimizedModule
+
+    model = step.model
+    compiled = model if isinstance(model, OptimizedModule) else torch.compile(model, **(compile_options or {}))
+    run = step.replace(model=compiled)
+    leaves = [p for p in compiled.parameters() if p.requires_grad] if isinstance(compiled, torch.nn.Module) else []
+    leaves += [t for t in (*step.inputs, *step.kwargs.values()) if isinstance(t, torch.Tensor) and t.requires_grad]
+    grads = [t.grad for t in leaves]
+    try:
+        recorder = record_compiled(run.run, time=record_time)
+    finally:
+        for t, g in zip(leaves, grads):
+            t.grad = g
+    return CompiledStep.from_rows(recorder.graphs, recorder.kernels, recorder.buffers, recorder.times,
+                                  torch.__version__)

@@ -40,7 +40,8 @@ DTYPES = ("float32", "float64", "float16", "bfloat16")
 
 #: Every file format-audit may write into a model's folder; one of them there means an audit.
 OUTPUT_FILES = ("events.csv", "hotspots.csv", "causes.csv", "summary.csv", "coverage.csv", "report.txt",
-                "heatmap.png", "timeline.png", "fixes.txt", "fixes.patch", "verify.csv", "trace.json")
+                "heatmap.png", "timeline.png", "fixes.txt", "fixes.patch", "verify.csv", "trace.json",
+                "conversions.csv", "graphs.csv", "compiled.csv")
 
 #: Input dimensions are indexed with 32-bit integers by many kernels, the element count with 64.
 MAX_DIM = 2**31 - 1
@@ -339,6 +340,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="target device, e.g. cpu or cuda; real runs run there (default: cpu)")
     p.add_argument("--fake", action="store_true",
                    help="run on fake tensors: the target's layout rules without its memory or compute")
+    p.add_argument("--compile", action="store_true",
+                   help="also compile the step with torch.compile (Inductor) and report the conversions its generated "
+                        "code makes and which eager causes the compiler removes (writes conversions.csv, graphs.csv, "
+                        "compiled.csv)")
     p.add_argument("--strict", action="store_true",
                    help="stop at the first op that loses channels_last and exit with status 1")
     p.add_argument("--record-source", action=argparse.BooleanOptionalAction, default=True,
@@ -462,6 +467,8 @@ class Target:
             raise UsageError("--record-time: fake tensors run no kernels, so a fake audit has no times")
         if args.verify and not args.fix:
             raise UsageError("--verify proves the suggested fixes: give --fix too")
+        if args.compile and args.fake:
+            raise UsageError("--compile runs the compiled step for real: it cannot run on --fake tensors")
         if args.verify and args.fake:
             raise UsageError("--verify runs the fixes for real and times them: it cannot run on --fake tensors")
         rank = {"channels_last": 4, "channels_last_3d": 5}.get(args.format)
@@ -482,6 +489,8 @@ class Target:
         the model to its last backward op, is the user's model or input failing."""
         args, fmt = self.args, self.memory_format
         options = {"backward": not args.no_backward, "strict": args.strict, "warmup": args.warmup}
+        if args.compile:
+            options["compile"] = True
         options["record_source"] = args.record_source or args.fix
         options["record_time"] = args.record_time if args.record_time is not None else not args.fake
         with blame(UsageError, f"{spec} failed on input {','.join(map(str, dims))} {args.dtype}"):
@@ -529,6 +538,10 @@ def _writers(result: ModelAudit) -> dict[str, Callable[[Path], object]]:
         files["verify.csv"] = lambda p: result.verified.to_csv(p, index=False)
     if result.trace:
         files["trace.json"] = audit.export_chrome_trace
+    if audit.compiled:
+        files["conversions.csv"] = lambda p: audit.conversions().to_csv(p, index=False)
+        files["graphs.csv"] = lambda p: audit.graphs().to_csv(p, index=False)
+        files["compiled.csv"] = audit.compiled_to_csv
     return files
 
 

@@ -209,3 +209,91 @@ def storage_id(t: torch.Tensor) -> int:
 def node_sequence_nr(node) -> int:
     """The sequence number autograd gave ``node`` when the op that created it ran."""
     return node._sequence_nr()
+
+
+# -- Inductor: what torch.compile lowered, for compiled audits --------------------------------------
+# Inductor's internals change between releases more than the recorder's entry points do, so a
+# compiled audit also checks the version (:func:`require_inductor`): a table read through
+# internals that changed would be wrong, not missing.
+GraphLowering = lookup("torch._inductor.graph.GraphLowering")
+is_mkldnn_conv = lookup("torch._inductor.graph.is_mkldnn_conv")
+mkldnn_devices = lookup("torch._inductor.graph.SUPPORTED_MKLDNN_DEVICES")
+inductor_debug = lookup("torch._inductor.debug")
+inductor_config = lookup("torch._inductor.config")
+inductor_ir = lookup("torch._inductor.ir")
+KernelCallLine = lookup("torch._inductor.codegen.wrapper.KernelCallLine")
+ExternKernelSchedulerNode = lookup("torch._inductor.scheduler.ExternKernelSchedulerNode")
+NopKernelSchedulerNode = lookup("torch._inductor.scheduler.NopKernelSchedulerNode")
+inductor_V = lookup("torch._inductor.virtualized.V")
+CompileContext = lookup("torch._guards.CompileContext")
+dynamo_reset = lookup("torch._dynamo.reset")
+dynamo_counters = lookup("torch._dynamo.utils.counters")
+OptimizedModule = lookup("torch._dynamo.eval_frame.OptimizedModule")
+
+INDUCTOR = (
+    "torch._inductor.graph.GraphLowering", "torch._inductor.graph.is_mkldnn_conv",
+    "torch._inductor.graph.SUPPORTED_MKLDNN_DEVICES", "torch._inductor.debug", "torch._inductor.config",
+    "torch._inductor.ir", "torch._inductor.codegen.wrapper.KernelCallLine",
+    "torch._inductor.scheduler.ExternKernelSchedulerNode", "torch._inductor.scheduler.NopKernelSchedulerNode",
+    "torch._inductor.virtualized.V", "torch._guards.CompileContext", "torch._dynamo.reset",
+    "torch._dynamo.utils.counters", "torch._dynamo.eval_frame.OptimizedModule",
+)
+
+#: Inductor functions and attributes a compiled audit wraps or reads, with the parameters each
+#: wrapped function must take: checked before compiling, so that a torch whose Inductor moved
+#: on fails with its version named instead of giving a wrong table.
+INDUCTOR_SHAPES = {
+    "GraphLowering.compile_to_module": ("self",),
+    "GraphLowering.decide_layout_opt": ("gm", "is_inference"),
+    "debug.set_kernel_post_grad_provenance_tracing": ("node_schedule", "kernel_name", "is_extern"),
+}
+INDUCTOR_IR = ("Layout", "MultiOutputLayout", "NoneLayout", "IRNode", "MultiOutput", "TemplateBuffer")
+INDUCTOR_CONFIG = ("cpp.enable_kernel_profile", "profiler_mark_wrapper_call", "layout_optimization",
+                   "force_layout_optimization")
+
+
+def torch_release() -> str:
+    """This torch's ``major.minor``."""
+    return ".".join(torch.__version__.split("+")[0].split(".")[:2])
+
+
+def _inductor_shape_problems() -> list[str]:
+    import inspect
+
+    problems = []
+    owners = {"GraphLowering": GraphLowering, "debug": inductor_debug}
+    for dotted, params in INDUCTOR_SHAPES.items():
+        owner, _, attr = dotted.partition(".")
+        fn = getattr(owners[owner], attr, None)
+        try:
+            have = list(inspect.signature(fn).parameters) if fn is not None else None
+        except (TypeError, ValueError):
+            have = None
+        if have is None or any(p not in have for p in params if p != "self"):
+            problems.append(f"{dotted}({', '.join(have) if have else '?'})")
+    problems += [f"ir.{n}" for n in INDUCTOR_IR if not hasattr(inductor_ir, n)]
+    for name in INDUCTOR_CONFIG:
+        owner, *rest = name.split(".")
+        obj = getattr(inductor_config, owner, None) if rest else inductor_config
+        if obj is None or not hasattr(obj, rest[0] if rest else owner):
+            problems.append(f"config.{name}")
+    return problems
+
+
+def require_inductor() -> None:
+    """What a compiled audit needs, checked before it compiles: a tested torch release (Inductor's
+    internals differ from one to the next) and the entry points with the parameters read here."""
+    if torch_release() not in TESTED:
+        raise TorchInternalsError(
+            f"compiled audits read Inductor's private internals, which change between releases; torch "
+            f"{torch.__version__} is not one auditor was tested on ({', '.join(TESTED)}), so its table could be "
+            f"wrong: use a tested torch, or audit the model eagerly (compile=False)")
+    require(*INDUCTOR)
+    problems = _inductor_shape_problems()
+    if problems:
+        raise TorchInternalsError(_message(", ".join(problems), "Inductor's internals differ from those auditor reads"))
+
+
+def original_module(compiled):
+    """The module an ``OptimizedModule`` (``torch.compile(module)``) wraps (``_orig_mod``)."""
+    return compiled._orig_mod

@@ -1,0 +1,310 @@
+"""Compiled audits: the conversions Inductor's generated code makes, checked against that code.
+
+The truth is read from the output code itself, independently of the audit: the strides the code
+allocates and asserts for every buffer, which arguments each generated C++ kernel takes as
+``const`` (reads) and which it writes, and the calls in ``call()``. A kernel converts when it
+writes an image of the same sizes as one it reads, in another format. Compiling is slow on a
+small machine: the models are tiny, most audits untimed, and one cache directory serves the run.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import tempfile
+from collections import defaultdict
+
+import pytest
+import torch
+import torch.nn as nn
+
+import auditor
+from auditor import format_label
+from auditor.analysis._compiled import KEPT, ONLY_COMPILED, REMOVED
+from auditor.recording._torch import TorchInternalsError
+from tests.kernels import convs_that_lose
+
+CL, CL3 = torch.channels_last, torch.channels_last_3d
+
+
+@pytest.fixture(scope="module", autouse=True)
+def inductor_cache():
+    """One Inductor cache for the module's compiles, fresh, so that no cache built for another
+    ISA setting is reused."""
+    old = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    with tempfile.TemporaryDirectory(prefix="auditor-inductor-") as path:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = path
+        try:
+            yield path
+        finally:
+            if old is None:
+                os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+            else:
+                os.environ["TORCHINDUCTOR_CACHE_DIR"] = old
+
+
+# -- the truth, from the generated code ------------------------------------------------------------
+_STRIDED = re.compile(r"(\w+) = empty_strided_cpu\((\([^()]*\)), (\([^()]*\))")
+_ASSERTED = re.compile(r"assert_(?:size_stride|tensor_metadata)\((\w+), (\([^()]*\)), (\([^()]*\))")
+_GROUPED = re.compile(r"assert_size_stride_grouped\((\([^()]*\)), (\(.*\)), 'input'\)")
+_ALIAS = re.compile(r"^\s*(\w+) = (\w+); del \w+\s+# reuse", re.M)
+_BINDING = re.compile(r"^(cpp_fused_\w+) = async_compile\.cpp_pybinding\((\[[^\]]*\]).*?\bkernel\(([^)]*)\)",
+                      re.M | re.S)
+_CALL = re.compile(r"^\s+(cpp_fused_\w+)\((.*)\)\s*$", re.M)
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    """A tuple of sizes or strides from the code; a symbol (dynamic shapes) counts as 7, which
+    keeps the order of the strides."""
+    symbols = defaultdict(lambda: 7)
+    return tuple(int(eval(p, {"__builtins__": {}}, symbols)) for p in text.strip("() ").split(",") if p.strip())
+
+
+def _layouts(code: str) -> dict[str, tuple]:
+    found = {}
+    for name, size, stride in _STRIDED.findall(code) + _ASSERTED.findall(code):
+        found[name] = (_ints(size), _ints(stride))
+    for names, rest in _GROUPED.findall(code):
+        sizes, strides = eval(rest, {"__builtins__": {}}, defaultdict(lambda: 7))
+        for name, size, stride in zip(names.strip("()").replace(" ", "").split(","), sizes, strides):
+            found[name] = (tuple(size), tuple(stride))
+    for new, old in _ALIAS.findall(code):
+        if old in found:
+            found[new] = found[old]
+    return found
+
+
+def code_conversions(path: str) -> set[str]:
+    """The C++ kernels of one output file that read an image in one format and write one of the
+    same sizes in another."""
+    code = open(path).read()
+    layouts = _layouts(code)
+    # an argument is read when it is const or an in-out pointer, written when it is not const
+    kinds = {k: [(t, p.split()[-1]) for t, p in zip(ast.literal_eval(v), params.split(","))]
+             for k, v, params in _BINDING.findall(code)}
+    found = set()
+    for kernel, args in _CALL.findall(code):
+        names = [a.strip() for a in args.split(",")]
+        pointers = [(n, t, p) for n, (t, p) in zip(names, kinds[kernel]) if t.endswith("*")]
+        fmts = {n: (layouts[n][0], format_label(*layouts[n])) for n, _, _ in pointers if n in layouts}
+        reads = [fmts[n] for n, t, p in pointers if (t.startswith("const") or p.startswith("in_out")) and n in fmts]
+        for n, t, _ in pointers:
+            if t.startswith("const") or n not in fmts or len(fmts[n][0]) not in (4, 5):
+                continue
+            size, fmt = fmts[n]
+            if any(s == size and f != fmt and "ambiguous" not in f + fmt for s, f in reads):
+                found.add(kernel)
+    return found
+
+
+def assert_conversions_match_the_code(a: auditor.Audit) -> None:
+    """Per lowered graph, the audit's conversion kernels are exactly those the code has."""
+    conv = a.conversions()
+    for g in a.graphs().to_dict("records"):
+        mine = set(conv.loc[(conv["graph"] == g["graph"]) & (conv["phase"] == g["phase"]), "kernel"])
+        assert mine == code_conversions(g["output_code"]), (g["graph"], g["phase"], g["output_code"])
+
+
+# -- the models ------------------------------------------------------------------------------------
+class CopyBetweenConvs(nn.Module):
+    def __init__(self, graph_break: bool = False):
+        super().__init__()
+        self.c1, self.c2, self.graph_break = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1), graph_break
+
+    def forward(self, x):
+        y = self.c1(x).relu()
+        y = y.contiguous()  # COPY LINE
+        if self.graph_break:
+            torch._dynamo.graph_break()
+        return self.c2(y)
+
+
+@torch.library.custom_op("auditor_test::contiguous_double", mutates_args=())
+def contiguous_double(x: torch.Tensor) -> torch.Tensor:
+    return (x * 2).contiguous()
+
+
+@contiguous_double.register_fake
+def _(x):
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+contiguous_double.register_autograd(lambda ctx, g: g * 2)
+
+
+class CustomOpBetweenConvs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1, self.c2 = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        y = self.c1(x)
+        y = contiguous_double(y)  # CUSTOM OP LINE
+        return self.c2(y)
+
+
+def _line(model_class, marker: str) -> str:
+    import inspect
+
+    lines, start = inspect.getsourcelines(model_class)
+    at = next(i for i, text in enumerate(lines) if marker in text)
+    return f"{inspect.getsourcefile(model_class)}:{start + at}"
+
+
+def _input(shape, fmt=CL):
+    return torch.randn(*shape).to(memory_format=fmt).requires_grad_()
+
+
+@pytest.fixture(scope="module")
+def copy_audit():
+    torch.manual_seed(0)
+    return auditor.audit(CopyBetweenConvs().to(memory_format=CL), _input((2, 3, 16, 16)), compile=True)
+
+
+# -- the cases -------------------------------------------------------------------------------------
+def _assert_copy_removed_where_layout_opt(a: auditor.Audit) -> None:
+    """The eager ``.contiguous()`` cause: removed when Inductor's layout optimization ran on the
+    forward (the copy is written channels_last), still there with its kernel otherwise."""
+    assert a.compiled
+    assert_conversions_match_the_code(a)
+    compared = a.compare_compiled()
+    line = _line(CopyBetweenConvs, "COPY LINE")
+    cause = compared[(compared["source"] == line) & compared["cause"].notna()]
+    assert len(cause) == 1 and cause["phase"].iloc[0] == "forward"
+    graphs = a.graphs()
+    fw = graphs[graphs["phase"] == "forward"]
+    if fw["layout_opt"].all():
+        assert cause["status"].iloc[0] == REMOVED
+        conv = a.conversions()
+        assert not (conv["phase"] == "forward").any()
+    else:
+        assert cause["status"].iloc[0] == KEPT and cause["kernel"].iloc[0]
+
+
+def test_contiguous_between_convs_is_removed_by_the_compiler(copy_audit):
+    _assert_copy_removed_where_layout_opt(copy_audit)
+    graphs = copy_audit.graphs()
+    assert set(graphs["phase"]) == {"forward", "backward"}
+    assert graphs["layout_opt_reason"].str.len().gt(0).all()
+    assert graphs["convolutions"].str.contains("c1").all()
+    assert graphs["time_us"].gt(0).all(), "a timed compiled audit gives every graph its kernels' time"
+
+
+def test_contiguous_between_convs_with_dynamic_shapes():
+    torch.manual_seed(0)
+    a = auditor.audit(CopyBetweenConvs().to(memory_format=CL), _input((2, 3, 16, 16)), compile=True,
+                      compile_options={"dynamic": True}, record_time=False)
+    _assert_copy_removed_where_layout_opt(a)
+
+
+def test_a_graph_break_between_the_convs():
+    """Each graph's output keeps eager strides, so a conversion may cross the break; whatever
+    the code does, the audit shows the same, and names the format each graph's images leave in."""
+    torch.manual_seed(0)
+    a = auditor.audit(CopyBetweenConvs(graph_break=True).to(memory_format=CL), _input((2, 3, 16, 16)), compile=True,
+                      record_time=False)
+    graphs = a.graphs()
+    assert graphs["graph"].nunique() == 2
+    assert_conversions_match_the_code(a)
+    assert graphs["outputs"].str.len().gt(0).all()
+    conv = a.conversions()
+    assert conv["reason"].str.len().gt(0).all()
+
+
+def test_conv3d_at_batch_1_copies_input_and_weight_where_this_cpu_has_no_kernel():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv3d(3, 8, 3, padding=1), nn.ReLU()).to(memory_format=CL3)
+    x = _input((1, 3, 8, 8, 8), CL3)
+    loses = bool(convs_that_lose(model, (x.detach(),)))
+    a = auditor.audit(model, x, compile=True, record_time=False)
+    assert_conversions_match_the_code(a)
+    conv = a.conversions()
+    forward = conv[conv["phase"] == "forward"]
+    if loses:  # eager writes contiguous: Inductor follows it and copies the input and the weight
+        assert forward["weight"].any() and forward["buffers"].str.contains(r"\(input\)").any()
+        assert forward["reason"].str.contains("2-D convolutions only").any()
+    else:
+        assert not forward["weight"].any()
+
+
+def test_a_custom_op_returning_contiguous_keeps_one_conversion_at_its_line():
+    torch.manual_seed(0)
+    a = auditor.audit(CustomOpBetweenConvs().to(memory_format=CL), _input((2, 3, 16, 16)), compile=True,
+                      record_time=False)
+    assert_conversions_match_the_code(a)
+    conv = a.conversions()
+    forward = conv[conv["phase"] == "forward"]
+    assert len(forward) == 1
+    row = forward.iloc[0]
+    assert row["source"] == _line(CustomOpBetweenConvs, "CUSTOM OP LINE")
+    assert (row["from_format"], row["to_format"]) == ("contiguous", "channels_last")
+    assert "contiguous_double" in row["reason"] and "fixed strides" in row["reason"]
+    compared = a.compare_compiled()
+    assert KEPT in set(compared["status"]) or ONLY_COMPILED in set(compared["status"])
+
+
+def test_a_graph_input_in_another_format_is_converted_by_a_kernel():
+    torch.manual_seed(0)
+    a = auditor.audit(CopyBetweenConvs().to(memory_format=CL), _input((2, 3, 16, 16), torch.contiguous_format),
+                      compile=True, record_time=False)
+    assert_conversions_match_the_code(a)
+    conv = a.conversions()
+    inputs = conv[conv["reason"].str.contains("graph input in contiguous")]
+    layout_opt = a.graphs().query("phase == 'forward'")["layout_opt"].all()
+    assert len(inputs) == (1 if layout_opt else 0)
+    if layout_opt:
+        assert inputs.iloc[0]["phase"] == "forward" and inputs.iloc[0]["to_format"] == "channels_last"
+
+
+@pytest.mark.slow
+def test_a_zoo_model_compiled():
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    model = torchvision.models.squeezenet1_1(num_classes=10).to(memory_format=CL)
+    a = auditor.audit(model, _input((2, 3, 32, 32)), compile=True, record_time=False)
+    assert_conversions_match_the_code(a)
+    compared = a.compare_compiled()
+    assert set(compared["status"]) <= {REMOVED, KEPT, ONLY_COMPILED}
+    assert compared["cause"].notna().sum() == len(a.causes())
+
+
+# -- persistence, display, failures ----------------------------------------------------------------
+def test_a_compiled_audit_round_trips_and_shows_itself(copy_audit, tmp_path):
+    events, compiled = tmp_path / "events.csv", tmp_path / "compiled.csv"
+    copy_audit.to_csv(events)
+    copy_audit.compiled_to_csv(compiled)
+    back = auditor.Audit.read_csv(events, compiled=compiled)
+    assert back.compiled
+    for table in ("conversions", "graphs", "kernels"):
+        import pandas as pd
+
+        pd.testing.assert_frame_equal(getattr(back, table)(), getattr(copy_audit, table)())
+    pd.testing.assert_frame_equal(back.compare_compiled(), copy_audit.compare_compiled())
+    text = copy_audit.report()
+    assert "Compiled step (torch.compile, Inductor)" in text and "removed by the compiler" in text
+    assert "Graphs Inductor lowered" in copy_audit._repr_html_()
+    with pytest.raises(ValueError, match="not compiled"):
+        auditor.Audit.read_csv(events).conversions()
+
+
+def test_a_model_that_does_not_compile_gives_dynamos_reason():
+    model = CopyBetweenConvs(graph_break=True).to(memory_format=CL)
+    with pytest.raises(auditor.CompileError, match="graph_break|graph break"):
+        auditor.audit(model, _input((2, 3, 16, 16)), compile=True, compile_options={"fullgraph": True},
+                      record_time=False)
+
+
+def test_an_untested_torch_release_is_refused_with_its_version(monkeypatch):
+    monkeypatch.setattr(torch, "__version__", "2.99.0")
+    with pytest.raises(TorchInternalsError, match=r"torch 2\.99\.0 is not one auditor was tested on"):
+        auditor.audit(CopyBetweenConvs(), _input((2, 3, 16, 16)), compile=True)
+
+
+def test_changed_inductor_internals_are_refused(monkeypatch):
+    from auditor.recording import _torch
+
+    monkeypatch.setitem(_torch.INDUCTOR_SHAPES, "debug.set_kernel_post_grad_provenance_tracing",
+                        ("node_schedule", "kernel_name", "no_such_parameter"))
+    with pytest.raises(TorchInternalsError, match="set_kernel_post_grad_provenance_tracing"):
+        _torch.require_inductor()
