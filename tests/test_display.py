@@ -318,3 +318,52 @@ def test_modules_share_is_of_what_they_are_ranked_by():
     assert timed and list(rows["module"]) == ["b", "a"] and list(rows["share"]) == [0.75, 0.25]
     rows, timed = module_rows(summary.assign(time_us=float("nan")))
     assert not timed and list(rows["share"]) == [0.9, 0.1]
+
+
+class Block(nn.Module):
+    """One repeated block: its conv's output copied contiguous, then a conv."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(4, 4, 1)
+        self.conv2 = nn.Conv2d(4, 4, 1)
+
+    def forward(self, x):
+        return self.conv2(self.conv1(x).contiguous())
+
+
+@pytest.fixture(scope="module")
+def repeated() -> auditor.Audit:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 1), *[Block() for _ in range(5)])
+    return auditor.audit(model.to(memory_format=CL), torch.randn(2, 3, 6, 6).to(memory_format=CL), record_time=False)
+
+
+def test_hotspots_of_repeated_blocks_show_as_one_row_each(repeated):
+    """The same statement in blocks 1..5 is one row of the report and of the HTML (module path
+    ``1–5.conv2``, the counts summed), while Audit.hotspots() keeps a group per block."""
+    from auditor.display._report import combine_blocks
+
+    hot = repeated.hotspots()
+    assert (hot["count"] == 1).all() and len(hot) >= 10  # one group per block and statement
+    rows = combine_blocks(hot)
+    assert len(rows) * 5 == len(hot) and (rows["groups"] == 5).all() and (rows["count"] == 5).all()
+    assert rows["bytes"].sum() == hot["bytes"].sum() and list(rows["bytes"]) == sorted(rows["bytes"], reverse=True)
+    assert set(rows["module"]) >= {"1–5", "1–5.conv2"}
+    report = repeated.report()
+    assert " 1–5.conv2 " in report and "5x" in report and " 1.conv2 " not in report
+    shown = repeated._repr_html_()
+    assert f"Hotspot groups ({len(hot)}; {len(rows)} rows, repeated blocks combined)" in shown
+    assert ">1–5.conv2<" in shown and ">groups<" in shown and ">2.conv2<" not in shown
+
+
+def test_block_paths_show_the_values_each_numeric_part_takes():
+    from auditor.display._report import _block_path, combine_blocks
+
+    assert _block_path(["stage3.1.branch2.0", "stage3.2.branch2.0", "stage3.3.branch2.0"]) == "stage3.1–3.branch2.0"
+    assert _block_path(["features.3", "features.7", "features.8"]) == "features.3,7–8"
+    hot = pd.DataFrame({"phase": "forward", "module": ["stage2.1", "stage3.1", "stage3.2", "stage3.2"],
+                        "op": "aten.cat.default", "kind": "converts", "source": ["f.py:1", "f.py:1", "f.py:1", "f.py:2"],
+                        "cause": 1, "from_format": "a", "to_format": "b", "count": 1, "bytes": [4, 3, 2, 1]})
+    rows = combine_blocks(hot)  # a name's digits are no index; another line stays apart
+    assert list(rows["module"]) == ["stage3.1–2", "stage2.1", "stage3.2"] and list(rows["groups"]) == [2, 1, 1]

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import pandas as pd
 
-from ._report import module_rows, total_lines
+from ._report import combine_blocks, module_rows, total_lines
 from ._text import saving_text, short_source
 from ._units import format_bytes, format_us
 
@@ -160,8 +160,12 @@ def audit_html(ops: pd.DataFrame, hot: pd.DataFrame, summary: pd.DataFrame, caus
     if "time_us" in hot and hot["time_us"].notna().any():
         cols["time_us"] = "time"
     cols["source"] = "file:line"
-    parts.append(table_html(hot, columns=cols, max_rows=top, more="Audit.hotspots()",
-                            caption=f"Hotspot groups ({len(hot)})"))
+    rows = combine_blocks(hot)
+    if len(rows) < len(hot):  # repeated blocks: one row each, saying how many groups it holds
+        cols = {k: v for c, n in cols.items() for k, v in ((c, n), *([("groups", "groups")] if c == "module" else []))}
+    caption = f"Hotspot groups ({len(hot)}" + (f"; {len(rows)} rows, repeated blocks combined)" if len(rows) < len(hot)
+                                               else ")")
+    parts.append(table_html(rows, columns=cols, max_rows=top, more="Audit.hotspots()", caption=caption))
     summ, mod_timed = module_rows(summary)
     what = "time" if mod_timed else "bytes"
     cols = {"module": "module", "hotspots": "hotspots", "bytes": "bytes", "share": f"share of {what}"}

@@ -91,7 +91,7 @@ def ranks_text(*, world_size: int, totals: pd.DataFrame, top: int = 10, referenc
     if len(totals) > 1 and len(differences):
         shown = differences.assign(counts=[f"{b}->{a}" for b, a in zip(differences["count_before"],
                                                                         differences["count_after"], strict=True)])
-        lines.extend(hotspot_lines(shown, top, more="(RankAudits.differences())", lead=DIFFERENCE_LEAD,
+        lines.extend(hotspot_lines(shown, top, more="(RankAudits.differences())", lead=DIFFERENCE_LEAD, combine=False,
                                    tail=DIFFERENCE_TAIL))
     lines.append("")
     lines.extend(_bucket_lines(bucket_ops, bucket_hotspots, top))

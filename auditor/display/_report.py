@@ -3,6 +3,7 @@ folded under them."""
 
 from __future__ import annotations
 
+import re
 import textwrap
 from collections.abc import Sequence
 
@@ -60,7 +61,7 @@ def audit_report(ops: pd.DataFrame, hot: pd.DataFrame, summary: pd.DataFrame, ca
         if causes is not None and len(causes):
             lines.extend(_cause_lines(causes, hot, top, verified))
         else:
-            lines.extend(hotspot_lines(hot, top, more="groups (Audit.hotspots())"))
+            lines.extend(hotspot_lines(hot, top, more="groups in Audit.hotspots()"))
         summ, timed = module_rows(summary)
         what = "time" if timed else "bytes"
         lines.append("")
@@ -156,27 +157,99 @@ def _cause_lines(causes: pd.DataFrame, hot: pd.DataFrame, top: int, verified: pd
             lines.append(f"      at {short_source(c.source)}")
         for i, part in enumerate(textwrap.wrap(c.fix, 110)):
             lines.append(f"      {'fix:' if i == 0 else '    '} {part}")
-        mine = hot[hot["cause"] == c.cause]
+        mine = combine_blocks(hot[hot["cause"] == c.cause])
         shown = mine.head(SYMPTOMS_SHOWN)
         when = [f" {format_us(t):>9}" if t == t else "" for t in shown["time_us"]]
         lines.extend(text_table(shown, SYMPTOM_COLUMNS, indent="      - ", header=False, tails=when))
         if len(mine) > SYMPTOMS_SHOWN:
-            lines.append(f"      ... and {len(mine) - SYMPTOMS_SHOWN} more hotspot groups")
+            lines.append(f"      ... and {more_rows(mine.iloc[SYMPTOMS_SHOWN:], 'hotspot groups')}")
     if len(causes) > top:
         lines.append(f"  ... and {len(causes) - top} more causes (Audit.causes())")
     return lines
 
 
+#: What hotspot groups must share to be shown as one row (:func:`combine_blocks`), beside their
+#: module path read with its numeric parts as one block.
+BLOCK_KEYS = ["phase", "op", "kind", "source", "cause", "from_format", "to_format"]
+#: A module path's numeric part: an index into a Sequential or ModuleList, whole between dots.
+_INDEX = re.compile(r"(?<![^.])\d+(?![^.])")
+
+
+def combine_blocks(hot: pd.DataFrame) -> pd.DataFrame:
+    """Hotspot groups (:func:`~auditor.analysis.hotspots`) as displayed: groups that differ only
+    in the numeric parts of their module paths (the same statement, in repeated blocks ``stage3.1``,
+    ``stage3.2``, ...) as one row, its module path showing each number that differs as the
+    values it takes (``stage3.1–7.branch2.0``), ``count``, ``bytes``, ``share`` and ``time_us``
+    summed, ``groups`` how many it combines; ordered as ``hot`` is (time, else bytes)."""
+    if hot.empty or "module" not in hot:
+        return hot.assign(groups=pd.Series(dtype="int64"))
+    keys = [k for k in BLOCK_KEYS if k in hot]
+    shape = hot["module"].astype(str).str.replace(_INDEX, "#", regex=True).rename("_shape")
+    grouped = hot.assign(_shape=shape).groupby([*keys, "_shape"], sort=False, dropna=False)
+    rows = []
+    for _, g in grouped:
+        first = g.iloc[0].to_dict()
+        first["module"] = _block_path(list(g["module"].astype(str)))
+        first["groups"] = len(g)
+        for c in ("count", "bytes", "share"):
+            if c in g:
+                first[c] = g[c].sum()
+        if "time_us" in g:
+            first["time_us"] = g["time_us"].sum(min_count=1)
+        if "first_seq" in g:
+            first["first_seq"] = g["first_seq"].min()
+        rows.append(first)
+    out = pd.DataFrame(rows, columns=[*hot.columns, "groups"]).drop(columns="_shape", errors="ignore")
+    timed = "time_us" in out and out["time_us"].notna().any()
+    by = [c for c in (["time_us", "bytes"] if timed else ["bytes"]) if c in out]
+    return out.sort_values(by, ascending=False, kind="stable", ignore_index=True) if by else out
+
+
+def _block_path(paths: list[str]) -> str:
+    """Module paths of one shape as one: each number that differs between them as its values,
+    runs of consecutive ones as ``a–b`` (``["s.1.b", "s.2.b", "s.3.b"]`` -> ``s.1–3.b``)."""
+    if len(set(paths)) == 1:
+        return paths[0]
+    parts = [_INDEX.split(p) for p in paths]
+    numbers = [_INDEX.findall(p) for p in paths]
+    text = parts[0][0]
+    for i, between in enumerate(parts[0][1:]):
+        values = sorted({int(n[i]) for n in numbers})
+        text += _runs(values) + between
+    return text
+
+
+def _runs(values: list[int]) -> str:
+    """Sorted integers as runs: ``[0, 1, 2, 5]`` -> ``0–2,5``."""
+    runs: list[list[int]] = []
+    for v in values:
+        if runs and v == runs[-1][-1] + 1:
+            runs[-1].append(v)
+        else:
+            runs.append([v])
+    return ",".join(str(r[0]) if len(r) == 1 else f"{r[0]}–{r[-1]}" for r in runs)
+
+
 def hotspot_lines(hot: pd.DataFrame, top: int, *, more: str, lead: Sequence[Column] = (),
-                  tail: Sequence[Column] = HOTSPOT_TAIL) -> list[str]:
+                  tail: Sequence[Column] = HOTSPOT_TAIL, combine: bool = True) -> list[str]:
     """Hotspot groups as a text table, the audit report's and the rank report's: the ``lead``
     columns, phase, module, op and kind, then the ``tail`` columns (by default from -> to, count
     and bytes); each row's source line under it (:func:`~._text.short_source`), the first
-    ``top`` rows, then how many more (``"... and 3 more {more}"``)."""
+    ``top`` rows, then how many more (``"... and 3 more {more}"``). ``combine``: groups in
+    repeated blocks as one row (:func:`combine_blocks`)."""
+    if combine:
+        hot = combine_blocks(hot)
     shown = hot.head(top)
     shown = shown.assign(formats=shown["from_format"].astype(str) + " -> " + shown["to_format"].astype(str))
     notes = [f"at {short_source(s)}" if s else "" for s in shown["source"]]
     lines = text_table(shown, [*lead, *HOTSPOT_COLUMNS, *tail], notes=notes)
     if len(hot) > top:
-        lines.append(f"  ... and {len(hot) - top} more {more}")
+        lines.append(f"  ... and {more_rows(hot.iloc[top:], more)}")
     return lines
+
+
+def more_rows(rest: pd.DataFrame, what: str) -> str:
+    """How many rows were left off, and how many hotspot groups they combine where that is more
+    (``3 more rows (12 groups in Audit.hotspots())``)."""
+    groups = int(rest["groups"].sum()) if "groups" in rest else len(rest)
+    return f"{len(rest)} more {what}" if groups == len(rest) else f"{len(rest)} more rows ({groups} {what})"
