@@ -244,6 +244,41 @@ def test_a_custom_op_returning_contiguous_keeps_one_conversion_at_its_line():
     assert KEPT in set(compared["status"]) or ONLY_COMPILED in set(compared["status"])
 
 
+def test_a_notebook_cell_s_line_is_named_alike_eager_and_compiled(monkeypatch):
+    """In a notebook the eager log names a cell's line ``Cell In[5], line 7``; the compiled
+    kernels name it the same, so the custom op's conversion meets its eager cause."""
+    import sys
+
+    from ipykernel.compiler import XCachingCompiler
+
+    compiler = XCachingCompiler()
+    code = ("class Net(nn.Module):\n"
+            "    def __init__(self):\n"
+            "        super().__init__()\n"
+            "        self.c1, self.c2 = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1)\n"
+            "\n"
+            "    def forward(self, x):\n"
+            "        return self.c2(contiguous_double(self.c1(x)))\n")
+    filename = compiler.cache(code, number=5)
+
+    class Shell:
+        compile = compiler
+
+    ipython = type(sys)("IPython")
+    ipython.get_ipython = lambda: Shell()
+    monkeypatch.setitem(sys.modules, "IPython", ipython)
+    scope = {"nn": nn, "contiguous_double": contiguous_double}
+    exec(compile(code, filename, "exec"), scope)
+    torch.manual_seed(0)
+    a = auditor.audit(scope["Net"]().to(memory_format=CL), _input((2, 3, 16, 16)), compile=True, record_time=False)
+    conv = a.conversions()
+    forward = conv[conv["phase"] == "forward"]
+    assert list(forward["source"]) == ["Cell In[5], line 7"]
+    compared = a.compare_compiled()
+    mine = compared[(compared["source"] == "Cell In[5], line 7") & compared["cause"].notna()]
+    assert list(mine["status"]) == [KEPT] and ONLY_COMPILED not in set(compared["status"])
+
+
 def test_a_graph_input_in_another_format_is_converted_by_a_kernel():
     torch.manual_seed(0)
     a = auditor.audit(CopyBetweenConvs().to(memory_format=CL), _input((2, 3, 16, 16), torch.contiguous_format),

@@ -24,6 +24,7 @@ from collections import defaultdict
 import torch
 
 from . import _torch as T
+from ._cells import readable
 from ._inductor_graph import read_graph
 
 #: One row per buffer a kernel reads or writes (``role``), in its kernel's order.
@@ -145,10 +146,19 @@ class InductorRecorder:
         compile_id = str(T.CompileContext.current_compile_id())
         graph_row, kernels, buffers = read_graph(graph, emitted, path, compile_id,
                                                                  self._decisions.pop(id(graph.module), None))
+        _name_cells(kernels)
         with self._lock:
             self.graphs.append(graph_row)
             self.kernels.extend(kernels)
             self.buffers.extend(buffers)
+
+
+def _name_cells(kernels: list[dict]) -> None:
+    """Each kernel's lines as the eager log names them (a notebook cell's as ``Cell In[3], line
+    17``, :func:`._cells.readable`), so a compiled conversion meets the eager cause at its line."""
+    for k in kernels:
+        k["source"] = readable([k["source"]])[0] if k["source"] else ""
+        k["sources"] = ";".join(readable(k["sources"].split(";"))) if k["sources"] else ""
 
 
 class CompileError(RuntimeError):
