@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -21,24 +22,33 @@ def test_notebook_is_committed_without_outputs():
 
 @pytest.mark.slow
 def test_notebook_runs_headless(tmp_path, monkeypatch):
-    """The loop on a real model: its cause shown as an HTML table, the fix applied, the cause
-    gone on re-audit, both heatmaps, the timing and a CSV that reads back."""
+    """The loop on a real model: its cause shown as an HTML table, the fix verified (hotspots,
+    outputs, the measured saving) and printed as a patch, then applied, the cause gone on
+    re-audit, both heatmaps, the timing and a CSV that
+    reads back."""
     monkeypatch.setenv("AUDITOR_NOTEBOOK_SIZE", "32")
     monkeypatch.setenv("AUDITOR_NOTEBOOK_BATCH", "2")
     monkeypatch.setenv("AUDITOR_NOTEBOOK_MODEL", "shufflenet_v2_x0_5")
     nb = nbformat.read(NOTEBOOK, as_version=4)
     client = NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
     client.execute()
+    if os.environ.get("AUDITOR_NOTEBOOK_KEEP"):  # the executed notebook, to look at
+        nbformat.write(nb, os.environ["AUDITOR_NOTEBOOK_KEEP"])
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
     images = [o for o in outputs if "image/png" in o.get("data", {})]
     assert len(images) == 4  # heatmap, top chart, timeline, heatmap after: each shown exactly once
     audit_html = next(o["data"]["text/html"] for o in outputs if "text/html" in o.get("data", {}))
     assert "<table" in audit_html and "channel_shuffle" in audit_html and "shufflenetv2.py:35" in audit_html
-    diff_cell = next(c for c in nb.cells if "auditor.diff(before, after" in c.source)
-    assert "vanished" in diff_cell.outputs[0]["data"]["text/plain"]
-    applied = next(c for c in nb.cells if "fixes.apply(fixed)" in c.source)
+    _assert_verified_fixes(nb)
+    diff_cell = _code(nb, "auditor.diff(before, after")
+    assert "vanished" in _result(diff_cell)["text/plain"]
+    said = "".join(o["text"] for o in diff_cell.outputs if o.output_type == "stream")
+    assert re.search(r"hotspot groups \d+ -> 0; same outputs and gradients: True", said)  # the cause is gone
+    assert re.search(r"measured: .*\[[\d.]+, [\d.]+\] over \d+ paired rounds", said)  # the saving's interval
+    applied = _code(nb, "fixes.apply(fixed)")
     assert "True" in applied.outputs[0]["data"]["text/plain"]
+    assert "(Fixes.patch() writes it as a diff)" in applied.outputs[0]["data"]["text/html"]  # detail shown whole
     timing = next(c for c in nb.cells if c.cell_type == "code" and "time_interleaved" in c.source)
     said = timing.outputs[0]["text"]  # a stated conclusion from paired ratios at one thread, CPU time
     assert "after against before" in said and "1 thread, process CPU time" in said
@@ -53,3 +63,30 @@ def test_notebook_runs_headless(tmp_path, monkeypatch):
     assert (tmp_path / "shufflenet_audit.csv").stat().st_size > 0
     assert (tmp_path / "shufflenet_trace.json").stat().st_size > 0
     assert nb.cells[-1].outputs[-1]["data"]["text/plain"] == "True"
+
+
+def _code(nb, text: str):
+    """The first code cell whose source holds ``text``."""
+    return next(c for c in nb.cells if c.cell_type == "code" and text in c.source)
+
+
+def _result(cell) -> dict:
+    """The data of a code cell's displayed value."""
+    return next(o for o in cell.outputs if o.output_type == "execute_result")["data"]
+
+
+def _assert_verified_fixes(nb) -> None:
+    """verify() shown as a table (verdict, hotspots before and after, same outputs) before the
+    fixes are made, the patch printed, and the audit's HTML then showing the measured saving."""
+    cell = _code(nb, "fixes.verify(")
+    table = _result(cell)["text/html"]
+    assert ">verdict<" in table and ">same outputs<" in table and ">hotspots before<" in table
+    assert re.search(r">(helps|hurts|within noise)<", table) and "changes outputs" not in table
+    assert "not applied" not in table
+    patch = _code(nb, "fixes.patch()")
+    printed = "".join(o["text"] for o in patch.outputs if o.output_type == "stream")
+    assert "+++ b/torchvision/models/shufflenetv2.py" in printed
+    assert "+    return torch.nn.functional.channel_shuffle(x, groups)" in printed
+    again = next(c for c in nb.cells if c.cell_type == "code" and c.source.strip() == "before")
+    assert "measured (verified)" in _result(again)["text/html"]
+
