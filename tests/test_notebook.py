@@ -24,7 +24,7 @@ def test_notebook_is_committed_without_outputs():
 def test_notebook_runs_headless(tmp_path, monkeypatch):
     """The loop on a real model: its cause shown as an HTML table, the fix verified (hotspots,
     outputs, the measured saving) and printed as a patch, then applied, the cause gone on
-    re-audit, both heatmaps, the timing and a CSV that
+    re-audit, both heatmaps, the timing, a small model eager beside compiled, and a CSV that
     reads back."""
     monkeypatch.setenv("AUDITOR_NOTEBOOK_SIZE", "32")
     monkeypatch.setenv("AUDITOR_NOTEBOOK_BATCH", "2")
@@ -41,6 +41,7 @@ def test_notebook_runs_headless(tmp_path, monkeypatch):
     audit_html = next(o["data"]["text/html"] for o in outputs if "text/html" in o.get("data", {}))
     assert "<table" in audit_html and "channel_shuffle" in audit_html and "shufflenetv2.py:35" in audit_html
     _assert_verified_fixes(nb)
+    _assert_eager_beside_compiled(nb)
     diff_cell = _code(nb, "auditor.diff(before, after")
     assert "vanished" in _result(diff_cell)["text/plain"]
     said = "".join(o["text"] for o in diff_cell.outputs if o.output_type == "stream")
@@ -90,3 +91,14 @@ def _assert_verified_fixes(nb) -> None:
     again = next(c for c in nb.cells if c.cell_type == "code" and c.source.strip() == "before")
     assert "measured (verified)" in _result(again)["text/html"]
 
+
+def _assert_eager_beside_compiled(nb) -> None:
+    """The compiled section: the .contiguous() removed by the compiler, the custom op's
+    conversion still there as a kernel with its reason."""
+    cell = _code(nb, "compile=True")
+    shown = _result(cell)["text/html"]
+    assert "Compiled step" in shown and "removed by the compiler" in shown
+    compared = _result(_code(nb, "compare_compiled(eager, compiled)"))["text/html"]
+    assert ">removed by the compiler<" in compared and ">still there<" in compared
+    kernels = _result(_code(nb, "compiled.conversions()"))["text/html"]
+    assert "doubled" in kernels and "fixed strides" in kernels
