@@ -63,4 +63,6 @@ def audit(
         return fake_audit(step, device=device, dtype=dtype, strict=strict, record_source=record_source)
     if device is not None or dtype is not None:
         raise ValueError("device= and dtype= apply to fake audits only: pass fake=True")
-    return record_step(step, strict=strict, record_source=record_source, record_time=record_time)
+    recorded = record_step(step, strict=strict, record_source=record_source, record_time=record_time)
+    recorded.warmup = warmup
+    return recorded

@@ -557,8 +557,9 @@ class RecorderMode(TorchDispatchMode):
                      compiled=self.compiled_events())
         if profile is not None:
             timing = join([e[0] for e in self.events], self.failed, profile)
+            time_ns = on_cpu(timing.time_ns, self.cpu_ns)
             raw.time_ns, raw.start_ns, raw.gap_ns, raw.hidden = (
-                on_cpu(timing.time_ns, self.cpu_ns), timing.start_ns, timing.gap_ns, timing.hidden)
+                time_ns, timing.start_ns, timing.gap_ns, hidden_on_cpu(timing.hidden, timing.time_ns, time_ns))
         return raw
 
     def compiled_events(self) -> list[int]:
@@ -648,6 +649,21 @@ def on_cpu(time_ns: list[int], cpu_ns: list[int]) -> list[int]:
     if len(cpu_ns) != len(time_ns):
         return time_ns
     return [t if t < 0 or c >= t else max(c, 0) for t, c in zip(time_ns, cpu_ns)]
+
+
+def hidden_on_cpu(hidden: list[tuple], wall_ns: list[int], time_ns: list[int]) -> list[tuple]:
+    """The copies inside each op (``profile.HIDDEN_COLUMNS`` rows: the op's seq first, the µs
+    tenth), their times scaled by the share of the op's wall time it spent on the CPU
+    (:func:`on_cpu`): the profiler times them on the wall's clock too, and a copy cannot take
+    longer than the op it ran in."""
+    out = []
+    for row in hidden:
+        seq = row[0]
+        wall, cpu = wall_ns[seq], time_ns[seq]
+        if 0 <= cpu < wall:
+            row = [*row[:9], row[9] * cpu / wall, *row[10:]]
+        out.append(row)
+    return out
 
 
 def process_group() -> tuple[int, int]:
