@@ -145,7 +145,10 @@ def test_times_rank_the_causes_and_hotspots(softmax_timed):
     summary = softmax_timed.summary()
     assert summary["time_us"].notna().all()
     text = softmax_timed.report()
-    assert "most time saved first" in text and "time outside ops" in text and "a fix saves about" in text
+    assert "most time saved first" in text and "time outside ops" in text
+    # a step this small (a few kB) is timed by per-call costs: the report gives the reason, not a
+    # number (tests/test_estimate.py shows the number for a step big enough)
+    assert "no estimate of what a fix saves: a tiny step" in text and "a fix saves about" not in text
     lines = text.splitlines()
     assert len(lines) <= 40 and max(len(line) for line in lines) <= 130
 

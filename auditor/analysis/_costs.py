@@ -191,8 +191,8 @@ def _inner_copy_us(hidden: pd.DataFrame, ops: pd.DataFrame) -> np.ndarray:
 
 
 def removable_copies(hidden: pd.DataFrame, ops: pd.DataFrame) -> np.ndarray:
-    """Which hidden copies a fix removes: format copies (:func:`format_copies`) that the same op
-    does not also make, of the same argument between the same formats, in its calls that are no
+    """Which hidden copies a fix removes: format copies (:func:`format_copies`), less those in a
+    hotspot that the same op also makes, of the same argument between the same formats, in its calls that are no
     hotspot. Those stay when the operands come in the format: a convolution's backward that
     writes its weight gradient contiguous and converts it into the weight's format does so in
     every call (at batch 2 in a selective-kernel ResNet they took 4.5 ms of a 46 ms step, and
@@ -236,9 +236,11 @@ def _same_format_us(calls: tuple[np.ndarray, np.ndarray] | None, nbytes: float) 
     return float(times[k] * nbytes / sizes[k])
 
 
-#: a step whose kernels take less than this (µs) in all: its times are per-call costs (the
-#: profiler's own and the dispatcher's), not the bytes a fix stops moving
+#: a step whose kernels take less than this (µs) in all, or whose ops write less than
+#: :data:`TINY_STEP_BYTES`: its times are per-call costs (the profiler's own, the dispatcher's,
+#: a thread pool's wake-up), not the bytes a fix stops moving
 TINY_STEP_US = 1000.0
+TINY_STEP_BYTES = 1 << 20
 #: a call is an outlier when it takes more than this many times the median of its like calls
 OUTLIER = 4.0
 #: ... and an estimate rests on it when it gives more than this share of it
@@ -250,17 +252,16 @@ def estimate_note(ops: pd.DataFrame, result_bytes: np.ndarray, parts: dict[int, 
     """(whether a cause's ``saving`` can be trusted, why not, or why it is 0 with ``hotspots``).
 
     ``parts``: per event, what it adds to the saving (a symptom's saving, an own op's time).
-    Not trusted: no times; a tiny step (:data:`TINY_STEP_US`); a saving that rests on one call
+    Not trusted: no times; a tiny step (:data:`TINY_STEP_US`, :data:`TINY_STEP_BYTES`); a saving that rests on one call
     (:data:`RESTS_ON`) that took :data:`OUTLIER` times its like calls in the step (the same
-    op, a result within :data:`NEAR` of its size): a page fault or a first call that the steps
-    a user runs do not pay."""
+    op and kind, a result within :data:`NEAR` of its size): a page fault or a first call that
+    the steps a user runs do not pay."""
     if not timed(ops) or saving != saving:
         return False, "not timed"
-    time = ops["time_us"].to_numpy()
-    step = float(np.nansum(time))
-    if step < TINY_STEP_US:
-        return False, (f"the step's kernels take {step:.0f} µs in all: at this size per-call costs, not the "
-                       "bytes a fix stops moving, set the times")
+    step, written = float(np.nansum(ops["time_us"].to_numpy())), float(result_bytes.sum())
+    if step < TINY_STEP_US or written < TINY_STEP_BYTES:
+        return False, (f"a tiny step (its kernels take {step:.0f} µs and write {written / 1e6:.2f} MB in all): "
+                       "at this size per-call costs, not the bytes a fix stops moving, set the times")
     outlier = _outlier(ops, result_bytes, parts)
     if outlier:
         return False, outlier
@@ -281,7 +282,11 @@ def _outlier(ops: pd.DataFrame, result_bytes: np.ndarray, parts: dict[int, float
     op = ops["op"].astype(str).to_numpy()
     time = ops["time_us"].to_numpy()
     size = result_bytes
-    like = (op == op[e]) & (np.abs(np.log(np.maximum(size, 1)) - np.log(max(size[e], 1))) <= np.log(NEAR))
+    kind = ops["kind"].astype(str).to_numpy()
+    # like calls: the same op doing the same to formats (a call slow because its operands came
+    # in mixed formats is what the estimate prices, not an outlier), of about the same size
+    like = (op == op[e]) & (kind == kind[e]) & (np.abs(np.log(np.maximum(size, 1)) - np.log(max(size[e], 1)))
+                                                 <= np.log(NEAR))
     like[e] = False
     like &= ~np.isnan(time)
     if like.sum() < 2:
