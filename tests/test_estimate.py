@@ -61,6 +61,12 @@ def test_a_pass_costs_what_the_steps_own_format_keeping_ops_of_its_size_take():
     assert cost(64000) == pytest.approx(64.0)  # the nearest five, the median rate
     ops = _ops(("aten.add.Tensor", "preserves", False, False, 0, 3.0))
     assert costs.pass_cost(ops, np.array([0]), [3000.0])(6000) == pytest.approx(6.0)
+    # a fix that is one pass is priced as a pass; a copy after the op changes the format: a copy
+    own = _ops(("aten.sum.dim_IntList", "loses", True, False, 1000, 80.0))
+    copy = costs.CopyCost(call_us=2.0, byte_us=0.01)
+    assert costs.own_saving_us(own, None, "stack_reduce", [0], [2000], copy, cost) == pytest.approx(78.0)
+    assert costs.own_saving_us(own, None, "stack_reduce", [0], [2000], copy) == pytest.approx(58.0)
+    assert costs.own_saving_us(own, None, "loses", [0], [1000], copy, cost) == pytest.approx(-12.0)
     assert costs.pass_cost(ops.assign(time_us=float("nan")), np.array([0]), [3000.0]) is None
 
 

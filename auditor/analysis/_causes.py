@@ -390,7 +390,7 @@ def cause_table(tracer: CauseTracer | FlowView, facts: pd.DataFrame | None = Non
     result_bytes = tracer.result_bytes()
     cost = copy_cost(ops, hidden, result_bytes)
     table = _cause_rows(view, tracer, keys, kinds, order, group_of_event,
-                        saving_us(ops, hidden, result_bytes, cost), hidden, _pass_cost(tracer) or cost, result_bytes)
+                        saving_us(ops, hidden, result_bytes, cost), hidden, (cost, _pass_cost(tracer)), result_bytes)
     if table.empty:
         return table[CAUSE_COLUMNS], group_of_event
     by = ["saving_us", "time_us", "bytes"] if timed(ops) else ["bytes"]
@@ -419,7 +419,8 @@ def _group_key(view: FlowView, r: int, kind: str) -> tuple:
 
 
 def _cause_rows(view, tracer: CauseTracer, keys, kinds, order, group_of_event, saving: np.ndarray,
-                hidden: pd.DataFrame | None, cost, result_bytes: np.ndarray) -> pd.DataFrame:
+                hidden: pd.DataFrame | None, costs: tuple, result_bytes: np.ndarray) -> pd.DataFrame:
+    """One row per cause; ``costs``: (:func:`copy_cost`, :func:`pass_cost`)."""
     ops = view.ops
     nbytes = ops["bytes"].to_numpy()
     time = ops["time_us"].to_numpy() if "time_us" in ops else np.full(len(ops), np.nan)
@@ -436,7 +437,7 @@ def _cause_rows(view, tracer: CauseTracer, keys, kinds, order, group_of_event, s
         rebuilt_bytes = sum(int(tracer.size[tracer._output(m)]) for m in rebuilt)
         own, passes = ([], []) if kind == WEIGHT else tracer.replaced(members, pattern)
         others = [int(h) for h in symptoms if h not in set(own)]
-        own_saving = own_saving_us(ops, hidden, pattern, own, tracer.pass_bytes(passes), cost)
+        own_saving = own_saving_us(ops, hidden, pattern, own, tracer.pass_bytes(passes), *costs)
         total = _total(saving, others, 0.0) + own_saving + _total(time, rebuilt, 0.0)
         parts = {**{e: float(time[e]) for e in [*own, *rebuilt] if time[e] == time[e]},
                  **{e: float(saving[e]) for e in others if saving[e] == saving[e]}}

@@ -158,12 +158,13 @@ def saving_us(ops: pd.DataFrame, hidden: pd.DataFrame | None, result_bytes: np.n
 
 
 def own_saving_us(ops: pd.DataFrame, hidden: pd.DataFrame | None, pattern: str, own: list[int],
-                  pass_bytes: list[float], cost: CopyCost | PassCost | None) -> float:
+                  pass_bytes: list[float], cost: CopyCost | None, one_pass: PassCost | None = None) -> float:
     """What fixing a cause saves on its own ops ``own`` (events), by what its pattern's fix puts
     in their place (:attr:`.patterns.Pattern.replaces`): the format copies inside them; or, where the fix is
-    one pass, their time less a pass over each of ``pass_bytes`` (at the ``cost`` of a pass,
-    :func:`pass_cost`); less a copy after the op (of ``pass_bytes``) where the fix adds one.
-    NaN when the audit has no times."""
+    one pass, their time less a pass over each of ``pass_bytes`` (at ``one_pass``,
+    :func:`pass_cost`, else the ``cost`` of a copy); less a copy after the op (of ``pass_bytes``,
+    at the ``cost`` of a copy: it changes the format) where the fix adds one. NaN when the audit
+    has no times."""
     if not timed(ops):
         return float("nan")
     if not own:
@@ -171,11 +172,11 @@ def own_saving_us(ops: pd.DataFrame, hidden: pd.DataFrame | None, pattern: str, 
     time = ops["time_us"].fillna(0.0).to_numpy()[own]
     inner = _inner_copy_us(hidden, ops)[own]
     rule = patterns.pattern(pattern).replaces
-    replacement = cost.passes(pass_bytes) if cost is not None else 0.0
     if rule == patterns.WRITE:
-        return float(max(inner.sum(), time.sum() - replacement))
+        priced = one_pass or cost
+        return float(max(inner.sum(), time.sum() - (priced.passes(pass_bytes) if priced is not None else 0.0)))
     if rule == patterns.COPY_AFTER:
-        return float(inner.sum() - replacement)
+        return float(inner.sum() - (cost.passes(pass_bytes) if cost is not None else 0.0))
     return float(inner.sum())
 
 
