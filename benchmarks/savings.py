@@ -203,12 +203,15 @@ def parse(argv, names: list[str]) -> argparse.Namespace:
     return args
 
 
-def table(args, names: list[str], zoo: list, batch: int) -> list[dict]:
-    """One table: every case (the zoo's at ``batch`` samples), printed as it is measured."""
-    print(f"\nZoo at batch {batch} (planted models at their scaled size):\n")
+def table(args, names: list[str], zoo: list, batch: int, planted: bool) -> list[dict]:
+    """One table: the zoo's cases at ``batch`` samples (and, with ``planted``, the planted ones,
+    whose size is their own), printed as they are measured."""
+    print(f"\nZoo at batch {batch}" + (" (planted models at their scaled size):\n" if planted else ":\n"))
     print(HEADER)
     rows = []
     for name in (args.models or names):
+        if name in CAUSE_MODELS and not planted:
+            continue
         if name in CAUSE_MODELS:
             row = planted_case(name, args.rounds, args.audits)
         else:
@@ -234,8 +237,8 @@ def main(argv=None) -> int:
     print(f"torch {torch.__version__}, 1 thread, process CPU time; {args.rounds} interleaved rounds after "
           f"{WARMUP_ROUNDS} warm-up, estimates the median of {args.audits} audit(s); load average {load:.2f}")
     rows = []
-    for batch in args.batch:
-        rows += table(args, names, zoo, batch)
+    for i, batch in enumerate(args.batch):
+        rows += table(args, names, zoo, batch, planted=i == 0)
     judged = [r for r in rows if r["verdict"] in ("PASS", "FAIL")]
     failed = [f"{r['case']} {r['input']}" for r in judged if r["verdict"] == "FAIL"]
     print()
