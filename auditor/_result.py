@@ -11,7 +11,6 @@ from .recording import _log as log
 from .recording._files import atomic_write
 from .recording._mode import RawLog
 
-
 #: why a timed audit's estimates are not trusted when no step ran before the recorded one
 FIRST_STEP = ("no step ran before the recorded one (warmup=0): if it is the first in the process, its times "
               "include setting up kernels and memory")
