@@ -81,7 +81,9 @@ def audit(
         return fake_audit(step, device=device, dtype=dtype, strict=strict, record_source=record_source)
     if device is not None or dtype is not None:
         raise ValueError("device= and dtype= apply to fake audits only: pass fake=True")
-    return record_step(step, strict=strict, record_source=record_source, record_time=record_time)
+    recorded = record_step(step, strict=strict, record_source=record_source, record_time=record_time)
+    recorded.warmup = warmup
+    return recorded
 
 
 def is_compiled(model) -> bool:
@@ -99,4 +101,5 @@ def _compiled_audit(step: Step, compile_options, *, record_time: bool, strict: b
     eager.warm_up(warmup)
     result = record_step(eager, strict=strict, record_source=record_source, record_time=record_time)
     result.compiled_step = compiled
+    result.warmup = warmup
     return result

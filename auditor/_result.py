@@ -13,6 +13,14 @@ from .recording import _log as log
 from .recording._files import atomic_write
 from .recording._mode import RawLog
 
+#: why a timed audit's estimates are not trusted when no step ran before the recorded one
+FIRST_STEP = ("no step ran before the recorded one (warmup=0): if it is the first in the process, its times "
+              "include setting up kernels and memory")
+
+
+def _joined(first: str, then: str) -> str:
+    return f"{first}; {then}" if then else first
+
 
 class Audit:
     """The event log of one recording and the analyses over it.
@@ -40,6 +48,9 @@ class Audit:
         #: what Inductor lowered when the audit was compiled (``audit(..., compile=True)``), else None:
         #: ``events`` are then the eager step's, the compiled tables come from here
         self.compiled_step: CompiledStep | None = None
+        #: the unrecorded steps ``auditor.audit`` ran before the recorded one (None: not known, as
+        #: for a ``FormatAuditor`` or a log read back); at 0 the times may be a first step's
+        self.warmup: int | None = None
 
     @property
     def compiled(self) -> bool:
@@ -140,7 +151,11 @@ class Audit:
         """One row per cause: the op and line where an activation first left its format, with
         the hotspots it leads to (its symptoms, forward and backward): the most time a fix
         saves first when timed, else the most bytes."""
-        return self.analysis().causes.copy()
+        causes = self.analysis().causes.copy()
+        if self.warmup == 0 and len(causes) and causes["saving_us"].notna().any():
+            causes["saving_trusted"] = False
+            causes["saving_note"] = [_joined(FIRST_STEP, n) for n in causes["saving_note"]]
+        return causes
 
     def hotspots(self) -> pd.DataFrame:
         """Losses and conversions on conv -> ... -> conv paths, grouped, the most time first

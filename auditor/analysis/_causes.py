@@ -17,7 +17,7 @@ from ..recording import _rules as rules
 from ..recording._formats import base_format, channels_last_order, logical_order
 from . import _patterns as patterns
 from ._activations import op_flags, parse_tuple
-from ._costs import copy_cost, own_saving_us, saving_us, timed
+from ._costs import copy_cost, estimate_note, own_saving_us, pass_cost, saving_us, timed
 from ._flow import FlowView
 
 #: Cause kinds: an op lost channels_last unasked (:data:`LOSES`, the op kind), a copy converted
@@ -28,7 +28,7 @@ WEIGHT, JOINS = "weight", "joins"
 
 CAUSE_COLUMNS = [
     "cause", "phase", "module", "module_type", "op", "kind", "pattern", "source", "calls", "hotspots",
-    "bytes", "time_us", "saving_us", "first_seq", "fix",
+    "bytes", "time_us", "saving_us", "saving_trusted", "saving_note", "first_seq", "fix",
 ]
 
 _CL = ("channels_last", "channels_last_3d")
@@ -300,10 +300,17 @@ class CauseTracer:
                 ins = self._image_inputs(m)
                 if ins and self.ndim[ins[0]] > self.rank[ins[0]]:
                     p = int(self.graph.producer[ins[0]])
-                    if p >= 0 and set(self.graph.consumers.get(p, [])) == {m}:
+                    if p >= 0 and set(self.graph.consumers.get(p, [])) == {m} and self._stacks(p, ins[0]):
                         absorbed.append(p)
         passes = self._with_backward(own)
         return sorted(set(passes) | set(self._with_backward(absorbed))), passes
+
+    def _stacks(self, p: int, row: int) -> bool:
+        """Whether ``p`` made the stacked dimension of its result ``row`` (its inputs have fewer
+        dimensions): a stack only moves data, which the fix's one pass absorbs; an op on the
+        stacked tensor (a weighting ``x * attn``) does work the fix still does per branch."""
+        ins = self.graph.act_rows.get(p, [])
+        return bool(ins) and all(self.ndim[r] < self.ndim[row] for r in ins)
 
     def _with_backward(self, events: list[int]) -> list[int]:
         forward = [e for e in events if self.phase[e] != "backward"]
@@ -383,7 +390,7 @@ def cause_table(tracer: CauseTracer | FlowView, facts: pd.DataFrame | None = Non
     result_bytes = tracer.result_bytes()
     cost = copy_cost(ops, hidden, result_bytes)
     table = _cause_rows(view, tracer, keys, kinds, order, group_of_event,
-                        saving_us(ops, hidden, result_bytes, cost), hidden, cost)
+                        saving_us(ops, hidden, result_bytes, cost), hidden, (cost, _pass_cost(tracer)), result_bytes)
     if table.empty:
         return table[CAUSE_COLUMNS], group_of_event
     by = ["saving_us", "time_us", "bytes"] if timed(ops) else ["bytes"]
@@ -394,6 +401,17 @@ def cause_table(tracer: CauseTracer | FlowView, facts: pd.DataFrame | None = Non
     return ranked[CAUSE_COLUMNS], renumber[group_of_event]
 
 
+def _pass_cost(tracer: CauseTracer):
+    """The cost of a pass, from the step's format-keeping ops that are no convolution or copy."""
+    ops = tracer.view.ops
+    if "time_us" not in ops:
+        return None
+    keep = ((ops["kind"].to_numpy() == rules.PRESERVES) & ~ops["is_conv"].to_numpy().astype(bool)
+            & ~op_flags(ops["op"], rules.is_copy) & ops["time_us"].notna().to_numpy())
+    events = np.flatnonzero(keep)
+    return pass_cost(ops, events, tracer.pass_bytes(events.tolist()))
+
+
 def _group_key(view: FlowView, r: int, kind: str) -> tuple:
     if view.source[r]:
         return view.phase[r], view.op[r], view.source[r], kind
@@ -401,7 +419,8 @@ def _group_key(view: FlowView, r: int, kind: str) -> tuple:
 
 
 def _cause_rows(view, tracer: CauseTracer, keys, kinds, order, group_of_event, saving: np.ndarray,
-                hidden: pd.DataFrame | None, cost) -> pd.DataFrame:
+                hidden: pd.DataFrame | None, costs: tuple, result_bytes: np.ndarray) -> pd.DataFrame:
+    """One row per cause; ``costs``: (:func:`copy_cost`, :func:`pass_cost`)."""
     ops = view.ops
     nbytes = ops["bytes"].to_numpy()
     time = ops["time_us"].to_numpy() if "time_us" in ops else np.full(len(ops), np.nan)
@@ -418,19 +437,23 @@ def _cause_rows(view, tracer: CauseTracer, keys, kinds, order, group_of_event, s
         rebuilt_bytes = sum(int(tracer.size[tracer._output(m)]) for m in rebuilt)
         own, passes = ([], []) if kind == WEIGHT else tracer.replaced(members, pattern)
         others = [int(h) for h in symptoms if h not in set(own)]
-        own_saving = own_saving_us(ops, hidden, pattern, own, tracer.pass_bytes(passes), cost)
+        own_saving = own_saving_us(ops, hidden, pattern, own, tracer.pass_bytes(passes), *costs)
+        total = _total(saving, others, 0.0) + own_saving + _total(time, rebuilt, 0.0)
+        parts = {**{e: float(time[e]) for e in [*own, *rebuilt] if time[e] == time[e]},
+                 **{e: float(saving[e]) for e in others if saving[e] == saving[e]}}
+        trusted, note = estimate_note(ops, result_bytes, parts, total, len(symptoms))
         rows.append({
             "cause": number + 1, "phase": view.phase[first], "module": view.module[first],
             "module_type": str(ops.at[first, "module_type"]), "op": view.op[first], "kind": kind,
             "pattern": pattern, "source": view.source[first], "calls": len(members),
             "hotspots": len(symptoms), "bytes": int(nbytes[symptoms].sum()) + rebuilt_bytes,
             "time_us": _total(time, sorted({*symptoms.tolist(), *own, *rebuilt})),
-            "saving_us": _total(saving, others, 0.0) + own_saving + _total(time, rebuilt, 0.0),
+            "saving_us": total, "saving_trusted": trusted, "saving_note": note,
             "fix": _fix_text(view, tracer, first, pattern), "first_seq": first,
         })
     if not rows:
         numeric = {"cause": "int64", "calls": "int64", "hotspots": "int64", "bytes": "int64",
-                   "time_us": "float64", "saving_us": "float64", "first_seq": "int64"}
+                   "time_us": "float64", "saving_us": "float64", "saving_trusted": "bool", "first_seq": "int64"}
         return pd.DataFrame({c: pd.Series(dtype=numeric.get(c, "object")) for c in CAUSE_COLUMNS})
     return pd.DataFrame(rows)
 

@@ -147,6 +147,10 @@ def audit_html(ops: pd.DataFrame, hot: pd.DataFrame, summary: pd.DataFrame, caus
                 "module_type": "type", "source": "file:line", "hotspots": "hotspots", "bytes": "bytes"}
         if timed:
             cols |= {"time_us": "time", "saving_us": "saving"}
+            if "saving_trusted" in causes:  # an estimate it cannot stand behind is left blank, and why is said
+                causes = causes.assign(saving_us=causes["saving_us"].where(causes["saving_trusted"].astype(bool)))
+                if (causes["saving_note"].astype(str) != "").any():
+                    cols["saving_note"] = "about the saving"
         if verified is not None:
             measured = {int(r["cause"]): saving_text(r) for r in verified.to_dict("records") if r["kind"] == "fix"}
             causes = causes.assign(measured=[measured.get(int(c), "") for c in causes["cause"]])

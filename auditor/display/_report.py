@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 from ..recording import _rules as rules
-from ._text import Column, saving_text, short_source, shorten, text_table
+from ._text import Column, estimate_text, saving_text, short_source, shorten, text_table
 from ._units import format_bytes, format_us
 
 #: Kinds whose name alone does not say what they are, explained where the report counts them.
@@ -128,8 +128,8 @@ def _time_lines(ops: pd.DataFrame, causes) -> list[str]:
     hot = ops.loc[ops["hotspot"], "time_us"].sum()
     lines = [f"  time: ops {format_us(total)}, of which hotspots {format_us(hot)}"
              + (f" ({hot / total:.1%})" if total else "")
-             + (f"; fixing every cause would save about {format_us(causes['saving_us'].sum())}"
-                if causes is not None and len(causes) and causes["saving_us"].notna().any() else "")]
+             + (_total_saving(causes) if causes is not None and len(causes) and causes["saving_us"].notna().any()
+                else "")]
     if "gap_us" in ops and ops["gap_us"].notna().any():
         lines.append(f"  time outside ops (the step's Python, module calls, the autograd engine): "
                      f"{format_us(ops['gap_us'].sum())}")
@@ -137,6 +137,15 @@ def _time_lines(ops: pd.DataFrame, causes) -> list[str]:
         lines.append(f"  {int(ops['artifact'].sum())} gradient sums ran out of place only because a recorder "
                      "was active (marked in Audit.events['artifact']); they are never causes")
     return lines
+
+
+def _total_saving(causes: pd.DataFrame) -> str:
+    """What fixing every cause saves, over the causes whose estimate can be trusted."""
+    trusted = causes["saving_trusted"].astype(bool) if "saving_trusted" in causes else pd.Series(True, causes.index)
+    if not trusted.any():
+        return "; what a fix saves is not estimated (see each cause)"
+    rest = f" ({int((~trusted).sum())} not estimated)" if not trusted.all() else ""
+    return f"; fixing every cause would save about {format_us(causes.loc[trusted, 'saving_us'].sum())}{rest}"
 
 
 def _cause_lines(causes: pd.DataFrame, hot: pd.DataFrame, top: int, verified: pd.DataFrame | None = None) -> list[str]:
@@ -149,8 +158,9 @@ def _cause_lines(causes: pd.DataFrame, hot: pd.DataFrame, top: int, verified: pd
     for c in causes.head(top).itertuples():
         where = f"{c.module} ({c.module_type})" if c.module_type else c.module
         lines.append(f"  {c.cause:>2}. [{c.pattern}] {c.phase} {c.op} {c.kind} in {shorten(where, 50)}")
-        cost = f", {format_us(c.time_us)}; a fix saves about {format_us(c.saving_us)}" if timed else ""
-        lines.append(f"      {c.hotspots} hotspot ops, {format_bytes(c.bytes)}{cost}")
+        cost = f", {format_us(c.time_us)}; {estimate_text(c._asdict())}" if timed else ""
+        first, *rest = textwrap.wrap(f"{c.hotspots} hotspot ops, {format_bytes(c.bytes)}{cost}", 116)
+        lines.extend([f"      {first}", *(f"        {r}" for r in rest)])
         if c.cause in measured:
             lines.append(f"      verified: {saving_text(measured[c.cause])}")
         if c.source:

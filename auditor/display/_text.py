@@ -150,3 +150,12 @@ def saving_text(row) -> str:
                 f"{format_us(-row['saving_us'])} [{format_us(-row['saving_high_us'])}, {format_us(-row['saving_low_us'])}]")
     return (f"within noise: after / before {ratio:.3f} {interval} over {rounds} straddles 1, so no saving can be "
             "told from this machine's noise")
+
+
+def estimate_text(row) -> str:
+    """What a fix of one cause saves, as its estimate can stand behind it: the number (with why it
+    is 0, when it is), or, where ``causes()["saving_trusted"]`` is False, why there is none."""
+    note = str(row.get("saving_note", "") or "")
+    if not bool(row.get("saving_trusted", True)):
+        return f"no estimate of what a fix saves: {note}" if note else "no estimate of what a fix saves"
+    return f"a fix saves about {format_us(row['saving_us'])}" + (f" ({note})" if note else "")

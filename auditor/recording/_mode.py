@@ -66,6 +66,7 @@ _sequence_nr = autograd_sequence_nr
 _get_ident = threading.get_ident
 _set_eval_frame = set_eval_frame
 _perf_counter_ns = time.perf_counter_ns
+_process_time_ns = time.process_time_ns
 _grad_enabled = torch.is_grad_enabled
 _weakref = weakref.ref
 
@@ -241,6 +242,9 @@ class RecorderMode(TorchDispatchMode):
         self._engine_nodes: dict[int, list[tuple[int, int, int, int]]] = {}
         self._engine_last: dict[int, int] = {}  # thread -> its node counter after its last op
         self.failed: list[tuple[int, str]] = []  # (seq it would have had, op) of calls that raised
+        #: per event, the process CPU time around its call (timed recordings): the profiler's time
+        #: less the time the process was off the CPU, when another process took it
+        self.cpu_ns: list[int] = []
         self.compiled: list[int] = []  # seqs of ops run while a torch.compile'd function ran
         tracker.mode = self  # how the tracker tells this recording's engine threads from others
 
@@ -301,9 +305,11 @@ class RecorderMode(TorchDispatchMode):
             call = func._op if info.plain and func._pyobj_dispatcher is None else func
             try:
                 if self.record_time:
+                    cpu = _process_time_ns()
                     start = _perf_counter_ns()
                     out = call(*args, **kwargs) if kwargs else call(*args)
                     duration = _perf_counter_ns() - start
+                    self.cpu_ns.append(_process_time_ns() - cpu)
                 else:
                     out = call(*args, **kwargs) if kwargs else call(*args)
                     duration = -1
@@ -551,8 +557,9 @@ class RecorderMode(TorchDispatchMode):
                      compiled=self.compiled_events())
         if profile is not None:
             timing = join([e[0] for e in self.events], self.failed, profile)
+            time_ns = on_cpu(timing.time_ns, self.cpu_ns)
             raw.time_ns, raw.start_ns, raw.gap_ns, raw.hidden = (
-                timing.time_ns, timing.start_ns, timing.gap_ns, timing.hidden)
+                time_ns, timing.start_ns, timing.gap_ns, hidden_on_cpu(timing.hidden, timing.time_ns, time_ns))
         return raw
 
     def compiled_events(self) -> list[int]:
@@ -631,6 +638,32 @@ class RawLog:
     start_ns: list[int] = field(default_factory=list)  # per event, its start from the first (-1: none)
     gap_ns: list[int] = field(default_factory=list)  # per event, the time outside ops before it (-1: none)
     hidden: list[tuple] = field(default_factory=list)  # profile.HIDDEN_COLUMNS rows
+
+
+def on_cpu(time_ns: list[int], cpu_ns: list[int]) -> list[int]:
+    """Per event, the profiler's time of its kernels, or the process CPU time around its call
+    where that is less: the profiler's clock is the wall's, and on a busy machine it also counts
+    the slices another process ran while the op waited for the CPU (one such op read 94 ms in a
+    46 ms step). CPU time can only be less when the op ran on this thread alone; with more
+    threads at work it is more, and the profiler's time stays (-1, untimed, stays)."""
+    if len(cpu_ns) != len(time_ns):
+        return time_ns
+    return [t if t < 0 or c >= t else max(c, 0) for t, c in zip(time_ns, cpu_ns)]
+
+
+def hidden_on_cpu(hidden: list[tuple], wall_ns: list[int], time_ns: list[int]) -> list[tuple]:
+    """The copies inside each op (``profile.HIDDEN_COLUMNS`` rows: the op's seq first, the µs
+    tenth), their times scaled by the share of the op's wall time it spent on the CPU
+    (:func:`on_cpu`): the profiler times them on the wall's clock too, and a copy cannot take
+    longer than the op it ran in."""
+    out = []
+    for row in hidden:
+        seq = row[0]
+        wall, cpu = wall_ns[seq], time_ns[seq]
+        if 0 <= cpu < wall:
+            row = [*row[:9], row[9] * cpu / wall, *row[10:]]
+        out.append(row)
+    return out
 
 
 def process_group() -> tuple[int, int]:
