@@ -27,8 +27,10 @@ def event_keys(ops) -> list[tuple]:
 
 
 def hotspots_moving_in(a: auditor.Audit, other: auditor.Audit) -> list[tuple]:
-    """The hotspot ops of ``a`` whose event in ``other`` also moves data (loses, converts or
-    restores): made whatever the layout, so no format problem of ``a``'s."""
+    """The hotspot ops of ``a`` whose event in ``other`` moves data the same way (loses,
+    converts or restores, the same kind): made whatever the layout, so no format problem of
+    ``a``'s. A convolution's backward that converts its input in one layout and loses its
+    gradient in the other moves two different tensors: not the same conversion."""
     ops, theirs = a.ops(), other.ops()
     where = {k: i for i, k in enumerate(event_keys(theirs))}
     kind = theirs["kind"].astype(str).to_numpy()
@@ -36,6 +38,6 @@ def hotspots_moving_in(a: auditor.Audit, other: auditor.Audit) -> list[tuple]:
     found = []
     for i, key in enumerate(event_keys(ops)):
         j = where.get(key)
-        if hot[i] and j is not None and kind[j] in MOVES:
+        if hot[i] and j is not None and kind[j] in MOVES and kind[j] == str(ops["kind"].iat[i]):
             found.append((*key, str(ops["kind"].iat[i]), kind[j]))
     return found

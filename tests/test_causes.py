@@ -638,3 +638,40 @@ def test_a_layout_decided_by_an_assumed_policy_is_reported_uncertain():
     assert (ops.loc[~ops["layout_independent"], "uncertain"] == "").all()
     assert reason in a.report() and "uncertain: 1 of them" in a.report()
     assert reason in a._repr_html_()
+
+
+class TokensMeetTheMap(nn.Module):
+    """Attention-like output (tokens written row-major, their transpose viewed as the map: channels
+    last in any layout) added to the map it came from, then copied contiguous. An elementwise
+    kernel orders its result as its first operand: tokens first, the sum is channels_last in
+    any layout and so is the copy's conversion; the map first, the sum follows the model's format."""
+
+    def __init__(self, tokens_first: bool = True):
+        super().__init__()
+        self.tokens_first = tokens_first
+        self.a = nn.Conv2d(3, 8, 3, padding=1)
+        self.w = nn.Parameter(torch.randn(8, 8) / 8)
+        self.b = nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        y = self.a(x)
+        B, C, H, W = y.shape
+        t = (y.flatten(2).transpose(1, 2) @ self.w).transpose(1, 2).view(B, C, H, W)
+        s = t + y if self.tokens_first else y + t
+        return self.b(s.contiguous())  # planted: the copy
+
+
+@pytest.mark.parametrize("tokens_first", [True, False])
+def test_an_elementwise_result_is_laid_out_as_its_first_operand(tokens_first):
+    a, contiguous = _trained_and_contiguous(lambda: TokensMeetTheMap(tokens_first))
+
+    def copies(audit):
+        ops = audit.ops()
+        return ops[(ops["op"] == "aten.clone.default") & ops["source"].map(lambda s: bool(s) and "planted: the copy" in _line(s))]
+
+    copy, theirs = copies(a), copies(contiguous)
+    assert list(copy["kind"]) == ["converts"]
+    assert list(theirs["kind"]) == (["converts"] if tokens_first else [])  # a no-op on a contiguous sum
+    assert bool(copy["layout_independent"].iloc[0]) == tokens_first
+    assert bool(copy["hotspot"].iloc[0]) != tokens_first
+    assert not hotspots_moving_in(a, contiguous)

@@ -153,7 +153,7 @@ def _layout_independent_copies(events, tensors, facts, kind) -> tuple[np.ndarray
 @functools.lru_cache(maxsize=4096)
 def _policy(op: str, requested: str) -> str:
     """:func:`auditor.recording._rules.layout_policy`, and where it knows none, what torch's
-    tags say: a pointwise op or a reduction lays its result out as its inputs are."""
+    tags say: a pointwise op or a reduction is a TensorIterator kernel."""
     policy = rules.layout_policy(op, requested)
     if policy != rules.LAYOUT_UNKNOWN:
         return policy
@@ -164,7 +164,7 @@ def _policy(op: str, requested: str) -> str:
         tags = getattr(packet, overload or "default").tags
     except (AttributeError, RuntimeError):
         return policy
-    return rules.LAYOUT_FOLLOWS if torch.Tag.pointwise in tags or torch.Tag.reduction in tags else policy
+    return rules.LAYOUT_ITERATOR if torch.Tag.pointwise in tags or torch.Tag.reduction in tags else policy
 
 
 def _channels_last_like(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
@@ -178,8 +178,8 @@ def _channels_last_like(shape: tuple[int, ...], strides: tuple[int, ...]) -> boo
 
 
 _POLICIES = (rules.LAYOUT_UNKNOWN, rules.LAYOUT_OWN, rules.LAYOUT_SUGGESTED, rules.LAYOUT_CONVOLUTION,
-             rules.LAYOUT_FOLLOWS, rules.LAYOUT_STRIDED)
-_UNKNOWN, _OWN, _SUGGESTED, _CONVOLUTION, _FOLLOWS, _STRIDED = range(len(_POLICIES))
+             rules.LAYOUT_FOLLOWS, rules.LAYOUT_STRIDED, rules.LAYOUT_ITERATOR)
+_UNKNOWN, _OWN, _SUGGESTED, _CONVOLUTION, _FOLLOWS, _STRIDED, _ITERATOR = range(len(_POLICIES))
 _MAIN_ARGS = ("self", "input", "grad_output", "src")
 
 
@@ -269,14 +269,16 @@ def layout_provenance(events: pd.DataFrame, tensors: pd.DataFrame, facts: pd.Dat
     strides_code = tensors["strides"].cat.codes.to_numpy().astype(np.int64)
     shapes, strides = tensors["shape"].cat.categories, tensors["strides"].cat.categories
 
-    def layouts(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # (channels_last-like, ambiguous) per row
+    def layouts(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(channels_last-like, ambiguous, of a definite format) per row"""
         codes, uniq = pd.factorize(shape_code[rows] * (len(strides) + 1) + strides_code[rows])
-        cl, amb = np.zeros(len(uniq), dtype=bool), np.zeros(len(uniq), dtype=bool)
+        cl, amb, sure = (np.zeros(len(uniq), dtype=bool) for _ in range(3))
         for i, code in enumerate(uniq.tolist()):
             sh = parse_tuple(str(shapes[code // (len(strides) + 1)]))
             st = parse_tuple(str(strides[code % (len(strides) + 1)]))
-            cl[i], amb[i] = _channels_last_like(sh, st), format_label(sh, st) == AMBIGUOUS
-        return cl[codes], amb[codes]
+            label = format_label(sh, st)
+            cl[i], amb[i], sure[i] = _channels_last_like(sh, st), label == AMBIGUOUS, bool(rules.definite(label))
+        return cl[codes], amb[codes], sure[codes]
 
     # who owns each tensor's memory: views (but strides given as arguments) lead to their base
     n_tid = int(tid.max()) + 1
@@ -317,7 +319,7 @@ def layout_provenance(events: pd.DataFrame, tensors: pd.DataFrame, facts: pd.Dat
     seeds[tid[main[x < 0]]] = True
     seeds[tid[main[x >= 0][~layouts(x[x >= 0])[0]]]] = True
     strided_made = np.flatnonzero(strided & makes)
-    cl, amb = layouts(strided_made)
+    cl, amb, _ = layouts(strided_made)
     seeds[tid[strided_made[cl & ~amb]]] = True
     guessed = np.zeros(n_rows, dtype=bool)
     guessed[strided_made[~cl & ~amb]] = True
@@ -325,7 +327,8 @@ def layout_provenance(events: pd.DataFrame, tensors: pd.DataFrame, facts: pd.Dat
     strided_ambiguous[strided_made[amb]] = True
 
     # the reads that decide a layout: (reader row, made row)
-    decides = makes & (ndim >= 2) & (policy != _OWN) & ~strided_ambiguous
+    # suggest_memory_format says contiguous for fewer than 4 dimensions: such a op writes its own order
+    decides = makes & (ndim >= 2) & (policy != _OWN) & ~((policy == _SUGGESTED) & (ndim < 4)) & ~strided_ambiguous
     suggested = _first_row(seq, ~is_out & ~is_param & arg_in(*_MAIN_ARGS), n)
     fallback = _first_row(seq, ~is_out & ~is_param, n)
     suggested = np.where(suggested >= 0, suggested, fallback)
@@ -341,6 +344,7 @@ def layout_provenance(events: pd.DataFrame, tensors: pd.DataFrame, facts: pd.Dat
     keep = ~is_out[read] & np.select(
         [p == _SUGGESTED, (p == _CONVOLUTION) & ~conv_out, (p == _CONVOLUTION) & conv_out],
         [~is_param[read], arg_in("input")[read], arg_in("weight")[read]], default=True)
+    keep &= _before_the_decider(p == _ITERATOR, read, made_row, is_out, shape_code, layouts)
     frm, to = node[read[keep]], tid[made_row[keep]]
 
     dependent = seeds | reachable(n_tid, seeds, frm, to)
@@ -365,6 +369,23 @@ def layout_provenance(events: pd.DataFrame, tensors: pd.DataFrame, facts: pd.Dat
             hit = (start | reachable(n_tid, start, frm[live], to[live]))[node]
             why[hit] = [f"{w}; {text}" if w else text for w in why[hit]]
     return pinned, why
+
+
+def _before_the_decider(iterator: np.ndarray, read: np.ndarray, made_row: np.ndarray, is_out: np.ndarray,
+                        shape_code: np.ndarray, layouts) -> np.ndarray:
+    """Per (read, made) pair: whether the read can decide the made tensor's layout. A
+    TensorIterator kernel orders its result's dimensions as the first operand that tells them
+    apart: once an operand of the result's shape and a definite format has been read, the
+    operands after it decide nothing (a residual added to attention output written channels_last
+    in any layout stays channels_last in any layout). Every read of any other op counts."""
+    keep = np.ones(len(read), dtype=bool)
+    rows = np.flatnonzero(iterator & ~is_out[read] & (shape_code[read] == shape_code[made_row]))
+    if not len(rows):
+        return keep
+    rows = rows[layouts(read[rows])[2]]
+    decider = np.full(int(made_row.max()) + 1, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(decider, made_row[rows], read[rows])
+    return keep & ~(iterator & (read > decider[made_row]))
 
 
 def _pinned_conversions(events: pd.DataFrame, tensors: pd.DataFrame, facts: pd.DataFrame, hot: np.ndarray,

@@ -212,6 +212,10 @@ LAYOUT_CONVOLUTION = "convolution"
 #: ``cat``, which keeps its inputs' common format; a copy or a ``*_like`` factory that
 #: preserves its input's format).
 LAYOUT_FOLLOWS = "follows"
+#: An elementwise kernel or reduction (TensorIterator): its result takes the dimension order of
+#: the first operand whose strides tell two dimensions apart, so a dense operand of the result's
+#: shape with a definite format decides every order the operands before it did not.
+LAYOUT_ITERATOR = "iterator"
 #: Its strides are arguments (``empty_strided``, ``as_strided``): autograd copies them from a
 #: tensor the log does not name.
 LAYOUT_STRIDED = "strided"
@@ -241,11 +245,12 @@ _SUGGESTED = frozenset({
     "aten._adaptive_avg_pool3d", "aten._adaptive_avg_pool3d_backward",
     "aten.adaptive_max_pool2d", "aten.adaptive_max_pool2d_backward",
 })
-#: Ops whose layout rule is known to be their inputs' (beside those torch tags pointwise or
-#: reduction, which the analyzer asks torch about): cat and stack keep their inputs' common
-#: format, and these elementwise kernels (TensorIterator) carry no pointwise tag.
-_FOLLOWS = frozenset({
-    "aten.cat", "aten.stack", "aten.native_dropout", "aten.hardswish", "aten.hardswish_",
+#: cat and stack keep their inputs' common format (contiguous when they differ).
+_FOLLOWS = frozenset({"aten.cat", "aten.stack"})
+#: Elementwise kernels (TensorIterator) that carry no pointwise tag (the analyzer asks torch's
+#: tags about the others).
+_ITERATOR = frozenset({
+    "aten.native_dropout", "aten.hardswish", "aten.hardswish_",
     "aten.hardswish_backward", "aten.hardsigmoid_backward", "aten.hardtanh_backward", "aten.leaky_relu_backward",
     "aten.elu_backward", "aten.softplus_backward", "aten.mish_backward", "aten.log_sigmoid_forward",
     "aten.log_sigmoid_backward", "aten._prelu_kernel", "aten._prelu_kernel_backward",
@@ -277,6 +282,8 @@ def layout_policy(op: str, requested: str = "") -> str:
         return LAYOUT_SUGGESTED
     if packet in _FOLLOWS:
         return LAYOUT_FOLLOWS
+    if packet in _ITERATOR:
+        return LAYOUT_ITERATOR
     return LAYOUT_UNKNOWN
 
 
