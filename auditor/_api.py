@@ -25,7 +25,7 @@ def audit(
     fake: bool = False,
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
-    warmup: int = 0,
+    warmup: int | None = None,
 ) -> Audit:
     """Run one step of ``model`` on ``inputs`` under a :class:`FormatAuditor` and return the Audit.
 
@@ -44,17 +44,21 @@ def audit(
     untouched.
 
     ``warmup`` steps run unrecorded first, so that times are those of a steady step rather than
-    of the first one in the process (which sets up kernels and memory). They are real steps:
-    they update batch-norm statistics and, with an optimizer, the parameters.
+    of the first one in the process (which sets up kernels and memory): by default one when the
+    audit is timed, none otherwise (``warmup=0`` times the first step). They are real steps: they
+    update batch-norm statistics and, with an optimizer, the parameters, but every gradient
+    is given back the value it had, so the recorded step sees the gradients it would have seen.
     """
     step = Step(model, inputs, kwargs or {}, backward=backward, loss_fn=loss_fn, optimizer=optimizer)
-    if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
+    if warmup is not None and (not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0):
         raise ValueError(f"warmup is a number of steps, at least 0, got {warmup!r}")
     if fake and record_time:
         raise ValueError("fake tensors run no kernels, so a fake audit has no times: leave record_time unset")
     record_time = not fake if record_time is None else record_time
-    for _ in range(0 if fake else warmup):
-        step.run()
+    if warmup is None:
+        warmup = 1 if record_time else 0
+    if not fake:
+        step.warm_up(warmup)
     if fake:
         return fake_audit(step, device=device, dtype=dtype, strict=strict, record_source=record_source)
     if device is not None or dtype is not None:

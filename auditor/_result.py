@@ -5,10 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from . import analysis
-from .display import progress
-from .display._html import audit_html
-from .display._report import audit_report
-from .display._trace import chrome_trace, write_chrome_trace
+from .display import audit_html, audit_report, chrome_trace, progress, write_chrome_trace
 from .recording import _csv as csvfile
 from .recording import _log as log
 from .recording._files import atomic_write
@@ -35,6 +32,9 @@ class Audit:
         self.complete = complete
         self.error = error
         self._analysis: analysis.Analysis | None = None
+        #: the table of ``Fixes.verify`` once the fixes of this audit were verified (the report
+        #: then shows the measured saving beside the estimate), else None
+        self.verification: pd.DataFrame | None = None
 
     @classmethod
     def from_raw(cls, raw: RawLog) -> Audit:
@@ -110,10 +110,10 @@ class Audit:
         """A one-screen text report: totals, the ``top`` causes with their symptoms folded under
         them, and the modules at ``depth`` that cost most."""
         return audit_report(self.ops(), self.hotspots(), self.summary(depth), self.causes(),
-                            complete=self.complete, error=self.error, top=top, depth=depth)
+                            complete=self.complete, error=self.error, top=top, depth=depth, verified=self.verification)
 
     def chrome_trace(self) -> dict:
-        """The audit as a Chrome trace (:mod:`auditor.display._trace`), a dict."""
+        """The audit as a Chrome trace (:func:`auditor.display.chrome_trace`), a dict."""
         return chrome_trace(self.ops(), self.hidden, self.causes())
 
     def export_chrome_trace(self, path) -> None:
@@ -127,9 +127,9 @@ class Audit:
         return f"<Audit {len(self.events)} ops, {len(self.tensors)} tensors, {state}>"
 
     def _repr_html_(self, top: int = 10, depth: int = 1) -> str:
-        """The report as HTML tables (:func:`auditor.display._html.audit_html`), for notebooks."""
+        """The report as HTML tables (:func:`auditor.display.audit_html`), for notebooks."""
         return audit_html(self.ops(), self.hotspots(), self.summary(depth), self.causes(),
-                          complete=self.complete, error=self.error, top=top, depth=depth)
+                          complete=self.complete, error=self.error, top=top, depth=depth, verified=self.verification)
 
 
 def diff(before: Audit, after: Audit, include_unchanged: bool = False, by: str = "group") -> pd.DataFrame:

@@ -87,16 +87,35 @@ class Step:
             self.optimizer.step()
         return output
 
+    def warm_up(self, steps: int) -> None:
+        """Run the step ``steps`` times, then give every gradient back the value it had before
+        (None for a fresh model): the step that follows sees the gradients it would have seen
+        without the warm-up, so it records the same ops (a first backward stores new gradients,
+        a later one adds into them)."""
+        if steps <= 0:
+            return
+        leaves = self._leaves()
+        grads = [t.grad for t in leaves]
+        for _ in range(steps):
+            self.run()
+        for t, g in zip(leaves, grads):
+            t.grad = g
+
+    def _leaves(self) -> list[torch.Tensor]:
+        """The tensors whose .grad a backward step writes: the model's trainable parameters and
+        the inputs that require grad."""
+        params = [p for p in self.model.parameters() if p.requires_grad] if isinstance(self.model, torch.nn.Module) else []
+        return params + [t for t in (*self.inputs, *self.kwargs.values()) if isinstance(t, torch.Tensor) and t.requires_grad]
+
     def timed(self) -> Callable[[], object]:
         """The step as a callable to time over and over: each call first drops the gradients
         the previous one left (on the model's parameters and the inputs), so none accumulates."""
         if not self.backward:
             return self.run
-        params = [p for p in self.model.parameters() if p.requires_grad] if isinstance(self.model, torch.nn.Module) else []
-        leaves = [t for t in (*self.inputs, *self.kwargs.values()) if isinstance(t, torch.Tensor) and t.requires_grad]
+        leaves = self._leaves()
 
         def step():
-            for t in (*params, *leaves):
+            for t in leaves:
                 t.grad = None
             return self.run()
         return step

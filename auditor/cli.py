@@ -40,7 +40,7 @@ DTYPES = ("float32", "float64", "float16", "bfloat16")
 
 #: Every file format-audit may write into a model's folder; one of them there means an audit.
 OUTPUT_FILES = ("events.csv", "hotspots.csv", "causes.csv", "summary.csv", "coverage.csv", "report.txt",
-                "heatmap.png", "timeline.png", "fixes.txt", "trace.json")
+                "heatmap.png", "timeline.png", "fixes.txt", "fixes.patch", "verify.csv", "trace.json")
 
 #: Input dimensions are indexed with 32-bit integers by many kernels, the element count with 64.
 MAX_DIM = 2**31 - 1
@@ -121,17 +121,18 @@ def parse_input(text: str) -> tuple[int, ...]:
     return dims
 
 
-def at_least_one(flag: str) -> Callable[[str], int]:
-    """A parser ``type`` for a count flag. Like every check here it raises UsageError, which
-    argparse lets through, so the message is ours and not "argument --top: invalid int value"."""
+def at_least(flag: str, low: int = 1) -> Callable[[str], int]:
+    """A parser ``type`` for a count flag of ``low`` or more. Like every check here it raises
+    UsageError, which argparse lets through, so the message is ours and not "argument --top:
+    invalid int value"."""
 
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise UsageError(f"{flag} must be an integer, got {text!r}") from None
-        if value < 1:
-            raise UsageError(f"{flag} must be at least 1, got {value}")
+        if value < low:
+            raise UsageError(f"{flag} must be at least {low}, got {value}")
         return value
 
     return parse
@@ -311,8 +312,9 @@ class Progress:
 
 
 def stages_per_model(args: argparse.Namespace) -> int:
-    """Progress steps of one model: building, recording, analysing, [suggesting fixes], [writing files]."""
-    return 3 + bool(args.fix) + (args.out is not None)
+    """Progress steps of one model: building, recording, analysing, [suggesting fixes], [verifying
+    them], [writing files]."""
+    return 3 + bool(args.fix) + bool(args.fix and args.verify) + (args.out is not None)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -344,13 +346,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--record-time", action=argparse.BooleanOptionalAction, default=None,
                    help="measure each op's kernel time with torch's profiler, so causes rank by time "
                         "(default: on; fake audits have no times)")
-    p.add_argument("--depth", type=at_least_one("--depth"), default=1,
+    p.add_argument("--depth", type=at_least("--depth"), default=1,
                    help="module depth of the summary and heatmap (default: %(default)s)")
-    p.add_argument("--top", type=at_least_one("--top"), default=10,
+    p.add_argument("--top", type=at_least("--top"), default=10,
                    help="hotspot groups shown in the report (default: %(default)s)")
     p.add_argument("--fix", action="store_true",
-                   help="print the suggested fixes after the report, and write fixes.txt with --out "
-                        "(records source lines)")
+                   help="print the suggested fixes after the report, and write fixes.txt and fixes.patch (the "
+                        "source edits as a diff) with --out (records source lines)")
+    p.add_argument("--verify", action="store_true",
+                   help="with --fix: prove each fix on the model (applied to a copy, re-audited, outputs and "
+                        "gradients compared, the step timed before and after at one thread) and write verify.csv "
+                        "with --out; not with --fake")
+    p.add_argument("--warmup", type=at_least("--warmup", 0), default=None,
+                   help="unrecorded steps before the recorded one, so times are a steady step's (default: 1 "
+                        "when timing, else 0)")
     p.add_argument("--trace", action="store_true",
                    help="also write trace.json with --out: a Chrome trace for Perfetto or chrome://tracing")
     p.add_argument("--out", metavar="DIR",
@@ -374,6 +383,8 @@ class ModelAudit:
     report: str
     fixes: str | None
     trace: bool = False  # write trace.json
+    suggested: auditor.fix.Fixes | None = None  # with --fix: writes fixes.patch
+    verified: object = None  # with --verify: Fixes.verify()'s table, written as verify.csv
 
 
 def run(args: argparse.Namespace) -> int:
@@ -402,16 +413,23 @@ def audit_model(spec: str, folder: Path | None, target: Target, progress: Progre
         model = load_model(spec)
     dims = args.input or default_input(spec, args.format)
     progress.advance(f"{name}: recording")
-    audit = target.audit(spec, model, dims)
+    audit, model, x = target.audit(spec, model, dims)
     progress.advance(f"{name}: analysing")
     with blame(InternalError, f"analysing {spec}"):
         report = audit.report(top=args.top, depth=args.depth)
-    fixes = None
+    fixes, suggested, verified = None, None, None
     if args.fix:
         progress.advance(f"{name}: suggesting fixes")
         with blame(InternalError, f"analysing {spec}"):
-            fixes = str(auditor.suggest_fixes(audit))
-    result = ModelAudit(audit, args.depth, report, fixes, args.trace)
+            suggested = auditor.suggest_fixes(audit)
+        if args.verify:
+            progress.advance(f"{name}: verifying fixes")
+            with blame(InternalError, f"verifying the fixes of {spec}"):
+                verified = suggested.verify(model, x, backward=not args.no_backward)
+            with blame(InternalError, f"analysing {spec}"):
+                report = audit.report(top=args.top, depth=args.depth)  # with the measured savings
+        fixes = str(suggested)
+    result = ModelAudit(audit, args.depth, report, fixes, args.trace, suggested, verified)
     text = target.title(spec, dims) + "\n" + "\n\n".join(t for t in (report, fixes) if t is not None)
     if folder is not None:
         progress.advance(f"{name}: writing files")
@@ -439,6 +457,10 @@ class Target:
             raise UsageError("--trace writes trace.json into the --out folder: give --out DIR too")
         if args.fake and args.record_time:
             raise UsageError("--record-time: fake tensors run no kernels, so a fake audit has no times")
+        if args.verify and not args.fix:
+            raise UsageError("--verify proves the suggested fixes: give --fix too")
+        if args.verify and args.fake:
+            raise UsageError("--verify runs the fixes for real and times them: it cannot run on --fake tensors")
         rank = {"channels_last": 4, "channels_last_3d": 5}.get(args.format)
         if args.input and rank and len(args.input) != rank:
             raise UsageError(f"--format {args.format} needs a {rank}-D --input, got {len(args.input)}-D")
@@ -452,11 +474,11 @@ class Target:
                 raise UsageError("--device cuda needs a GPU; add --fake to audit for cuda without one")
         return cls(args, device)
 
-    def audit(self, spec: str, model: torch.nn.Module, dims: tuple[int, ...]) -> auditor.Audit:
-        """The recorded step: whatever fails in it, from moving the model to its last backward op,
-        is the user's model or input failing."""
+    def audit(self, spec: str, model: torch.nn.Module, dims: tuple[int, ...]) -> tuple[auditor.Audit, object, object]:
+        """The recorded step (and the model and input it ran): whatever fails in it, from moving
+        the model to its last backward op, is the user's model or input failing."""
         args, fmt = self.args, self.memory_format
-        options = {"backward": not args.no_backward, "strict": args.strict}
+        options = {"backward": not args.no_backward, "strict": args.strict, "warmup": args.warmup}
         options["record_source"] = args.record_source or args.fix
         options["record_time"] = args.record_time if args.record_time is not None else not args.fake
         with blame(UsageError, f"{spec} failed on input {','.join(map(str, dims))} {args.dtype}"):
@@ -470,7 +492,7 @@ class Target:
                 model = model.to(device=self.device, dtype=self.dtype, memory_format=fmt)
                 x = torch.randn(*dims, dtype=self.dtype, device=self.device).to(memory_format=fmt)
             try:
-                return auditor.audit(model, x, **options)
+                return auditor.audit(model, x, **options), model, x
             except auditor.FormatLossError as exc:
                 raise Findings(f"{spec}: {' '.join(str(exc).split())}") from exc
 
@@ -498,6 +520,10 @@ def _writers(result: ModelAudit) -> dict[str, Callable[[Path], object]]:
     }
     if result.fixes is not None:
         files["fixes.txt"] = lambda p: p.write_text(result.fixes + "\n")
+    if result.suggested is not None:
+        files["fixes.patch"] = lambda p: p.write_text(result.suggested.patch())
+    if result.verified is not None:
+        files["verify.csv"] = lambda p: result.verified.to_csv(p, index=False)
     if result.trace:
         files["trace.json"] = audit.export_chrome_trace
     return files

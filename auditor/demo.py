@@ -1,14 +1,17 @@
-"""The whole loop on a real model: audit it, read the causes, apply the fixes, audit again, and
-time the training step before and after.
+"""The whole loop on a real model: audit it, read the causes, verify the fixes (each applied to a
+copy, re-audited, its outputs and gradients compared, the training step timed before and after),
+hand over the patch, and apply the fixes.
 
-    python -m auditor.demo [--model NAME] [--input N,C,H,W] [--rounds N] [--out DIR] [--force]
+    python -m auditor.demo [--model NAME] [--input N,C,H,W] [--rounds N] [--budget S] [--out DIR] [--force]
 
 The default model is torchvision's ShuffleNetV2 (random weights), whose own code loses
 channels_last: its channel shuffle is written ``view -> transpose -> .contiguous() -> view``,
 which copies every block's activation into contiguous order, and every convolution after it
-permutes it back. The suggested fix swaps the function for ``torch.nn.functional.channel_shuffle``.
-With ``--out`` the reports, the fixes, the heatmaps before and after and the timings are
-written there (``make demo`` writes ``audit_out/``).
+permutes it back. The fix rewrites that function's body to ``torch.nn.functional.channel_shuffle``.
+The step is timed at one thread in process CPU time, in interleaved rounds, so the verdict holds
+on a busy machine: a saving with its interval, or "within noise" when the load hides it. With
+``--out`` the reports, the fixes, the verification, the patch, the heatmaps before and after and
+the timing are written there (``make demo`` writes ``audit_out/``).
 """
 
 from __future__ import annotations
@@ -22,13 +25,12 @@ import torch
 
 import auditor
 from auditor import plot
-from auditor._step import Step
-from auditor.plan import default_clock, time_interleaved
-from auditor.recording._files import atomic_write
+from auditor.display import format_us, saving_text, verification_text
+from auditor.recording import atomic_write
 
 #: What ``--out`` receives.
-DEMO_FILES = ("report_before.txt", "fixes.txt", "report_after.txt", "heatmap_before.png", "heatmap_after.png",
-              "timing.txt")
+DEMO_FILES = ("report_before.txt", "fixes.txt", "verify.csv", "fixes.patch", "report_after.txt",
+              "heatmap_before.png", "heatmap_after.png", "timing.txt")
 CL = torch.channels_last
 
 
@@ -37,8 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--model", default="shufflenet_v2_x1_0", help="a torchvision classification model")
     p.add_argument("--input", default="8,3,128,128", help="the batch's shape N,C,H,W")
-    p.add_argument("--rounds", type=int, default=7, help="timed rounds, before and after alternating (at least 3)")
-    p.add_argument("--out", default=None, help="folder for the reports, heatmaps and timings")
+    p.add_argument("--rounds", type=int, default=7,
+                   help="timed rounds first, before and after alternating (at least 3); more follow while the "
+                        "interval of the saving straddles 0")
+    p.add_argument("--budget", type=float, default=30.0, help="seconds of timing per verified fix, at most")
+    p.add_argument("--out", default=None, help="folder for the reports, the patch, heatmaps and timings")
     p.add_argument("--force", action="store_true", help="overwrite an earlier demo's files in --out")
     return p
 
@@ -53,6 +58,8 @@ def main(argv=None) -> int:
         build_parser().error(f"--input must be four positive integers N,C,H,W, got {args.input!r}")
     if args.rounds < 3:
         build_parser().error("--rounds must be at least 3")
+    if not args.budget > 0:
+        build_parser().error("--budget must be a positive number of seconds")
     out = Path(args.out) if args.out else None
     if out is not None:
         existing = [f for f in DEMO_FILES if (out / f).exists()]
@@ -75,23 +82,29 @@ def main(argv=None) -> int:
     fixes = auditor.suggest_fixes(before)
     say(str(fixes), file="fixes.txt")
 
-    say.section("3. Apply them to a copy of the model")
-    fixed = copy.deepcopy(model)
-    applied = fixes.apply(fixed)
-    say(applied.to_string(index=False))
+    say.section("3. Verify them: each applied to a copy, re-audited, its outputs and gradients compared, and the "
+                f"training step timed against the original's ({args.rounds}+ paired rounds, one thread, CPU time)")
+    verified = fixes.verify(model, x, rounds=args.rounds, budget_s=args.budget)
+    say(verification_text(verified))
+    say.write("verify.csv", lambda path: verified.to_csv(path, index=False))
 
-    say.section("4. Audit the fixed copy")
+    say.section("4. The patch: the source edits as a diff (apply it where it says)")
+    patch = fixes.patch()
+    say(patch or "(no source edits)", file="fixes.patch")
+
+    say.section("5. Apply the fixes to a copy of the model and audit it")
+    fixed = copy.deepcopy(model)
+    say(fixes.apply(fixed).to_string(index=False))
+    with fixes.restored():
+        expected = copy.deepcopy(model).eval()(x)
+    got = copy.deepcopy(fixed).eval()(x)  # before its audit's steps move the batch-norm statistics
     after = auditor.audit(fixed, x, warmup=1)
     say(after.report(top=3), file="report_after.txt")
-    with fixes.restored():
-        expected = model(x)
-    same = torch.allclose(fixed(x), expected, rtol=1e-4, atol=1e-5)
-    say(f"outputs of the fixed copy equal the original's: {same}")
+    say(f"outputs of the fixed copy equal the original's: {torch.allclose(got, expected, rtol=1e-4, atol=1e-5)}")
+    fixes.undo()
 
-    say.section(f"5. Time the training step, before and after alternating ({args.rounds} rounds, medians)")
-    timing = _time(model, fixed, x, fixes, args.rounds)
-    estimated = float(before.causes()["saving_us"].sum())
-    say(_timing_text(timing, estimated, before, after), file="timing.txt")
+    say.section("6. What the fixes save, measured")
+    say(_timing_text(verified, before, after), file="timing.txt")
 
     if out is not None:
         for name, audit in (("heatmap_before.png", before), ("heatmap_after.png", after)):
@@ -100,32 +113,23 @@ def main(argv=None) -> int:
     return 0
 
 
-def _time(model, fixed, x, fixes, rounds: int):
-    before_step, after_step = (Step(m, (x,)).timed() for m in (model, fixed))
-
-    def before():
-        with fixes.restored():
-            before_step()
-
-    return time_interleaved({"before": before, "after": after_step}, repeats=rounds, min_sample_us=0.0)
-
-
-def _timing_text(timing, estimated_us: float, before, after) -> str:
-    b, a = timing.loc["before"], timing.loc["after"]
-    clock = default_clock()
-    tb, ta = b[f"{clock}_us"], a[f"{clock}_us"]
-    hot_b, hot_a = before.ops()["hotspot"].sum(), after.ops()["hotspot"].sum()
+def _timing_text(verified, before, after) -> str:
+    """The step before and after every fix, the saving with its interval beside the audit's
+    estimate, as a verdict."""
+    together = verified[verified["kind"] == "all"]
+    hot_b, hot_a = int(before.ops()["hotspot"].sum()), int(after.ops()["hotspot"].sum())
+    if together.empty or not together["applied"].iloc[0]:
+        return f"hotspot ops {hot_b} -> {hot_a}; no fix could be applied, so nothing was timed"
+    r = together.iloc[0]
     return "\n".join([
         f"{'':24}{'before':>12}{'after':>12}",
-        f"{'step (median)':24}{auditor.display._units.format_us(tb):>12}{auditor.display._units.format_us(ta):>12}",
-        f"{'spread (IQR / median)':24}{b[f'{clock}_spread']:>12.1%}{a[f'{clock}_spread']:>12.1%}",
+        f"{'step (median)':24}{format_us(r['step_us_before']):>12}{format_us(r['step_us_after']):>12}",
         f"{'hotspot ops':24}{hot_b:>12}{hot_a:>12}",
         "",
-        f"after / before: {ta / tb:.3f} ({(1 - ta / tb):.1%} faster); measured saving "
-        f"{auditor.display._units.format_us(tb - ta)}, estimated by causes()['saving_us'] "
-        f"{auditor.display._units.format_us(estimated_us)}",
-        f"({torch.get_num_threads()} threads, {clock} clock; the machine's load moves single runs: "
-        "compare within a run, not across runs)",
+        f"{saving_text(r)}",
+        f"estimated by causes()['saving_us']: {format_us(r['estimated_us'])}; verdict: {r['verdict']}",
+        f"(one thread, process CPU time, {int(r['rounds'])} rounds with before and after alternating: the ratio "
+        "within each round is what load from other processes leaves alone)",
     ])
 
 
@@ -140,8 +144,12 @@ class _Writer:
 
     def __call__(self, text: str, file: str | None = None) -> None:
         print(text, flush=True)
-        if self.out is not None and file is not None:
-            atomic_write(self.out / file, lambda tmp: tmp.write_text(text + "\n"))
+        if file is not None:
+            self.write(file, lambda path: path.write_text(text + "\n"))
+
+    def write(self, file: str, writer) -> None:
+        if self.out is not None:
+            atomic_write(self.out / file, writer)
 
 
 if __name__ == "__main__":

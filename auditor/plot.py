@@ -17,7 +17,7 @@ import io
 import math
 from collections.abc import Callable, Iterable
 from functools import lru_cache
-from pathlib import Path, PurePath
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -27,8 +27,8 @@ from matplotlib.font_manager import FontProperties
 
 from . import analysis
 from ._result import Audit
-from .display._text import shorten
-from .display._units import QUANTITIES
+from .analysis._ops import op_times
+from .display import QUANTITIES, short_source, shorten
 from .recording import _rules as rules
 from .recording._csv import atomic_write
 from .recording._formats import base_format
@@ -51,6 +51,7 @@ NO_HOTSPOTS = "no hotspots: channels_last propagates"
 _MAX_LABEL = 28  # module names, shortened from the left past this
 _MAX_OP = 34  # op names in labels, likewise; the phase before them is never shortened
 _MAX_BAR_MODULE = 40  # module names on top_hotspots' bars, which have room for more
+_MAX_SOURCE = 60  # source lines on the bars (display's short form), shortened from the left past this
 _TICK_ROTATION = 40  # degrees, for the heatmap's column labels
 #: Heatmap values: the names users pass, each a Quantity of ``display.units`` (which formats
 #: it) and a column of the heatmap's cell frame.
@@ -140,7 +141,7 @@ def _heatmap_table(audit: Audit, depth: int, value: str, columns: str) -> tuple[
             "kind": hot["kind"].astype(str).to_numpy(),
             "op": hot["op"].astype(str).str.removeprefix("aten.").to_numpy(),
             "bytes": hot["bytes"].to_numpy(),
-            "time_us": _op_times(hot),
+            "time_us": op_times(hot),
             "count": 1,
         }
     )
@@ -344,26 +345,11 @@ def format_timeline(audit: Audit, depth: int = 1) -> Figure:
     return fig
 
 
-def _short_sources(sources: Iterable[str]) -> dict[str, str]:
-    """``/long/path/models/shufflenetv2.py:95`` -> ``shufflenetv2.py:95``: the file's basename,
-    with as many parent folders as it takes to tell two different files apart."""
-    split = {s: (s.rsplit(":", 1) if s.rpartition(":")[2].isdigit() else [s, ""]) for s in set(sources) if s}
-    files = {PurePath(f).parts: f for f, _ in split.values()}
-    short = {}
-    for parts, f in files.items():
-        k = 1
-        while k < len(parts) and any(o != parts and o[-k:] == parts[-k:] for o in files):
-            k += 1
-        short[f] = "/".join(parts[-k:])
-    return {s: f"{short[f]}:{line}" if line else short[f] for s, (f, line) in split.items()}
-
-
-def _op_times(ops: pd.DataFrame) -> np.ndarray:
-    """Per op, its kernel time (the profiler's), else its wall time, in µs (NaN: untimed)."""
-    time = ops["time_us"] if "time_us" in ops else pd.Series(np.nan, index=ops.index)
-    if time.isna().all() and "duration_us" in ops:
-        time = ops["duration_us"]
-    return time.to_numpy(dtype=np.float64)
+def _short_source(source: str) -> str:
+    """A source line in a label: as the report and the HTML show it
+    (``tests/models.py:95``, ``torchvision/models/shufflenetv2.py:95``), from the left past
+    :data:`_MAX_SOURCE` so a path outside every known folder cannot widen the figure."""
+    return shorten(short_source(source), _MAX_SOURCE)
 
 
 def _per_kind(frame: pd.DataFrame, keys: list[str], value: str) -> pd.DataFrame:
@@ -378,12 +364,10 @@ def _bars_by_group(audit: Audit, value: str) -> pd.DataFrame:
     shortened only where that leaves the labels apart), largest ``value`` first."""
     hot = audit.hotspots().sort_values([value, "first_seq"], ascending=[False, True], kind="stable")
     hot = hot.reset_index(drop=True)
-    where = _short_sources(hot["source"])
-
     def labels(width: int | None) -> list[str]:
         return [
             "  ".join(x for x in (r.phase, _short_module(r.module, width) if width else r.module,
-                                  shorten(r.op.removeprefix("aten."), _MAX_OP), where.get(r.source, "")) if x)
+                                  shorten(r.op.removeprefix("aten."), _MAX_OP), _short_source(r.source)) if x)
             for r in hot.itertuples()
         ]
 
@@ -413,9 +397,8 @@ def _bars_by_source(audit: Audit, value: str) -> pd.DataFrame:
     total = g["bytes"].sum()
     g["share"] = g["bytes"] / total if total else 0.0
     g = g.sort_values([value, "first_seq"], ascending=[False, True], ignore_index=True)
-    where = _short_sources(g["source"])
     g["label"] = [
-        f"{where.get(r.source, '(no source line)')}  {r.groups} groups in {r.modules} modules, {r.phases}"
+        f"{_short_source(r.source) or '(no source line)'}  {r.groups} groups in {r.modules} modules, {r.phases}"
         for r in g.itertuples()
     ]
     return g
@@ -436,10 +419,9 @@ def _bars_by_cause(audit: Audit, value: str) -> pd.DataFrame:
     bars[rules.CONVERTS] += (bars[value].fillna(0) - bars[list(KIND_COLUMNS)].sum(axis=1)).clip(lower=0)
     groups = hot.groupby("cause").size()
     bars["groups"] = bars["cause"].map(groups).fillna(0).astype(np.int64)
-    where = _short_sources(bars["source"])
     bars["label"] = [
         "  ".join(x for x in (f"{r.cause}. {r.pattern}", shorten(r.op.removeprefix("aten."), _MAX_OP),
-                              where.get(r.source, "") or _short_module(r.module, _MAX_BAR_MODULE)) if x)
+                              _short_source(r.source) or _short_module(r.module, _MAX_BAR_MODULE)) if x)
         for r in bars.itertuples()
     ]
     return bars

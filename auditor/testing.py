@@ -18,6 +18,7 @@ import pandas as pd
 from ._api import audit
 from ._result import Audit
 from ._session import FormatAuditor
+from .display import short_source
 
 _PHASES = ("forward", "backward", "other")
 
@@ -62,7 +63,7 @@ def check_audit(a: Audit, phases: Iterable[str] = ("forward",), allow: Iterable[
         return
     lines = [f"{len(bad)} unexpected channels_last hotspot group(s) in {', '.join(_check_phases(phases))}:"]
     for r in bad.itertuples():
-        where = f" at {r.source}" if r.source else ""
+        where = f" at {short_source(r.source)}" if r.source else ""
         lines.append(
             f"  {r.phase}: module '{r.module}' ({r.module_type}) op {r.op} {r.kind} "
             f"{r.from_format} -> {r.to_format}, {r.count}x, {r.bytes} bytes{where}"

@@ -422,3 +422,19 @@ def absent_here(name: str) -> str:
     if convs_that_lose(model, (x,)):
         return ""
     return f"{name}: every convolution of it has a channels_last kernel on this machine, so its planted cause does not happen"
+
+
+class StackThenCopy(nn.Module):
+    """A stack reduced along the stack, then a .contiguous() that is a no-op on the contiguous
+    sum: fixing the stack makes the sum channels_last, and the copy then converts (a cause the
+    first fix exposes)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 8, 3, padding=1)
+        self.b = nn.Conv2d(3, 8, 3, padding=1)
+        self.c = nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        s = torch.stack([self.a(x), self.b(x)], 1).sum(1)  # planted: stack then reduce
+        return self.c(s.contiguous())  # exposed: a copy that converts once the sum keeps the format

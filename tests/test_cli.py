@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 from fault_models import CLI_FACTORIES as FACTORY
@@ -339,8 +340,31 @@ def test_fix_prints_and_writes_the_suggested_fixes(models_file, tmp_path, capsys
     fixes = (out / "fixes.txt").read_text()
     assert "SoftmaxKeepFormat" in fixes and fixes.strip() in printed
     assert printed.index("Hotspots:") < printed.index(fixes.strip())  # after the report
-    assert sorted(p.name for p in out.iterdir()) == sorted(cli.OUTPUT_FILES)  # --force checks them all
+    written = sorted(p.name for p in out.iterdir())
+    assert written == sorted(set(cli.OUTPUT_FILES) - {"verify.csv"})  # --force checks them all
     assert "fixes.txt" not in (out / "report.txt").read_text()
+
+
+def test_verify_proves_each_fix_and_writes_its_table(models_file, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main([f"{models_file}:small", "--input", "1,3,8,8", "--fix", "--verify", "--out", str(out)]) == 0
+    printed = capsys.readouterr()
+    assert "verifying fixes" in printed.err
+    table = pd.read_csv(out / "verify.csv")
+    assert set(auditor.fix.VERIFY_COLUMNS) <= set(table.columns)
+    row = table[table["kind"] == "fix"].iloc[0]
+    assert row["applied"] and row["same_outputs"] and row["hotspots_before"] > 0 and row["hotspots_after"] == 0
+    assert "verified" in printed.out  # the report, then the verification
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--verify"], "--verify proves the suggested fixes: give --fix too"),
+    (["--fix", "--verify", "--fake"], "--verify runs the fixes for real"),
+    (["--warmup", "-1"], "--warmup must be at least 0"),
+])
+def test_verify_and_warmup_usage_errors(models_file, capsys, args, message):
+    assert main([f"{models_file}:small", "--input", "1,3,8,8", *args]) == 2
+    assert message in _last_line(capsys.readouterr().err)
 
 
 # ---- output folders ---------------------------------------------------------------------------

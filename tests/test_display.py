@@ -18,7 +18,8 @@ import torch.nn as nn
 
 import auditor
 from auditor.display import progress
-from auditor.display._html import short_path, source_html, table_html
+from auditor.display._html import source_html, table_html
+from auditor.display._text import short_path
 from auditor.distributed import RankAudits
 from auditor.recording import _cells as sources
 
@@ -79,6 +80,18 @@ def test_audit_html_is_tables_of_causes_groups_and_modules(audit, at_root):
 def test_file_line_is_whole_with_the_recorded_path_as_tooltip(audit, at_root):
     out = audit._repr_html_()
     assert f'<span title="{HERE}:{LINE}">tests/test_display.py:{LINE}</span>' in out
+
+
+def test_text_names_the_source_as_the_html_does(audit, at_root):
+    """One way to show a source line: the report and the fixes as the HTML does, relative to
+    the project; the tables keep the recorded path."""
+    short = f"tests/test_display.py:{LINE}"
+    report = audit.report()
+    assert f"at {short}" in report and HERE not in report
+    assert f">{short}</span>" in audit._repr_html_()
+    fixes = str(auditor.suggest_fixes(audit))
+    assert f"swap module: {short}  " in fixes and HERE not in fixes
+    assert f"{HERE}:{LINE}" in set(audit.hotspots()["source"]) and f"{HERE}:{LINE}" in set(audit.causes()["source"])
 
 
 def test_names_are_escaped(audit, at_root):
@@ -180,7 +193,7 @@ def test_fixes_read_the_line_of_a_notebook_cell(monkeypatch):
     ipython = type(sys)("IPython")
     ipython.get_ipython = lambda: Shell()
     monkeypatch.setitem(sys.modules, "IPython", ipython)
-    scope = {"nn": nn}
+    scope = {"nn": nn, "torch": torch}  # a notebook that imported torch
     exec(compile(code, filename, "exec"), scope)
     model = scope["Net"]().to(memory_format=CL)
     a = auditor.audit(model, torch.randn(1, 3, 4, 4).to(memory_format=CL), record_time=False)

@@ -11,10 +11,11 @@ import planted
 import pytest
 import torch
 import torch.nn as nn
-from planted import make
+from planted import make, make_cause
 
 import auditor
 from auditor import fix, plan
+from auditor.display._text import short_source
 
 CL, CL3 = torch.channels_last, torch.channels_last_3d
 
@@ -264,7 +265,7 @@ def test_source_fix_names_the_line_and_what_to_write(fixes, name, line, suggesti
     assert row["source"].startswith(planted.__file__) and row["module"] == "<root>"
     assert row["line"].strip() == line and row["suggestion"].strip() == suggestion
     text = str(f)
-    assert f"now:   {line}" in text and f"write: {suggestion}" in text and row["source"] in text
+    assert f"now:   {line}" in text and f"write: {suggestion}" in text and short_source(row["source"]) in text
 
 
 def _apply_source_fix(name: str, row) -> nn.Module:
@@ -323,10 +324,32 @@ def test_source_edit_without_record_source_says_how_to_get_the_line():
     assert row["action"] == fix.EDIT and row["source"] == "" and "record_source=True" in row["detail"]
 
 
-def test_edit_apply_reports_manual_work(fixes):
-    model, _ = make("explicit_contiguous")
-    done = fixes["explicit_contiguous"][1].apply(model)
-    assert not done["applied"].any() and "by hand" in done.loc[0, "detail"]
+def test_a_source_fix_is_applied_in_memory_and_undone():
+    """The edit recompiles the function that holds the line, under its own file and line
+    numbers, so the re-audit names the real line; undo puts the original code back."""
+    model, x = make("explicit_contiguous")
+    ref = model(x)
+    a = auditor.audit(model, x)
+    f = fix.suggest_fixes(a)
+    assert f.frame["automatic"].all() and (f.frame["reason"] == "").all()
+    done = f.apply(model)
+    assert done["applied"].all() and "recompiled" in done.loc[0, "detail"]
+    torch.testing.assert_close(model(x), ref)
+    assert auditor.audit(model, x).hotspots().empty
+    with f.restored():  # the unfixed code, for a moment: to time both
+        assert len(auditor.audit(model, x).hotspots()) == len(a.hotspots())
+    assert auditor.audit(model, x).hotspots().empty
+    f.undo()
+    assert len(auditor.audit(model, x).hotspots()) == len(a.hotspots())
+
+
+def test_a_fix_that_cannot_be_made_says_so_with_its_reason():
+    model, x = make_cause("token_group_norm")
+    f = fix.suggest_fixes(auditor.audit(model, x))
+    row = f.frame.iloc[0]
+    assert row["pattern"] == "joins" and not row["automatic"] and "not an image" in row["reason"]
+    done = f.apply(model)
+    assert not done["applied"].any() and done.loc[0, "detail"].startswith("by hand: ")
 
 
 class Shuffle(nn.Module):
@@ -355,7 +378,9 @@ def test_a_channel_shuffle_in_user_code_gets_one_fix_for_every_hotspot():
     assert "transpose" in row["line"] and row["bytes"] == a.hotspots()["bytes"].sum()
 
 
-def test_torchvision_channel_shuffle_gets_a_function_swap_that_removes_every_hotspot(monkeypatch):
+def test_torchvision_channel_shuffle_function_becomes_torchs_and_removes_every_hotspot():
+    """The shuffle function's body is rewritten to F.channel_shuffle: the code of the function
+    object changes, so every name it was imported under, shufflenetv2's own included, runs it."""
     import torchvision
     from torchvision.models import shufflenetv2
 
@@ -365,37 +390,49 @@ def test_torchvision_channel_shuffle_gets_a_function_swap_that_removes_every_hot
     f = fix.suggest_fixes(a)
     assert len(f) == 1 and len(f.hotspots) == len(a.hotspots()) > 20
     row = f.frame.iloc[0]
-    assert row["action"] == fix.FUNCTION
-    assert row["suggestion"] == "torchvision.models.shufflenetv2.channel_shuffle = torch.nn.functional.channel_shuffle"
+    assert row["action"] == fix.EDIT and row["automatic"]
+    assert row["suggestion"].strip() == "return torch.nn.functional.channel_shuffle(x, groups)"
+    assert "torch.transpose(x, 1, 2).contiguous()" in row["line"]
     ref = model(x)
     original = shufflenetv2.channel_shuffle
-    monkeypatch.setattr(shufflenetv2, "channel_shuffle", original)  # put back after the test
-    applied = f.apply(model)
-    assert applied["applied"].all() and "for this process" in applied["detail"].iloc[0]
-    assert shufflenetv2.channel_shuffle is torch.nn.functional.channel_shuffle
-    torch.testing.assert_close(model(x), ref)
-    assert auditor.audit(model, x).hotspots().empty
-    with f.restored():  # the unfixed model, for a moment: to time both
-        assert shufflenetv2.channel_shuffle is original
-        assert not auditor.audit(model, x).hotspots().empty
-    assert shufflenetv2.channel_shuffle is torch.nn.functional.channel_shuffle
-    assert f.apply(model)["detail"].iloc[0].endswith("already rebound")
+    try:
+        applied = f.apply(model)
+        assert applied["applied"].all() and "channel_shuffle recompiled" in applied["detail"].iloc[0]
+        assert shufflenetv2.channel_shuffle is original  # the same function, with new code
+        torch.testing.assert_close(model(x), ref)
+        assert auditor.audit(model, x).hotspots().empty
+        with f.restored():  # the unfixed model, for a moment: to time both
+            assert not auditor.audit(model, x).hotspots().empty
+        assert auditor.audit(model, x).hotspots().empty
+    finally:
+        f.undo()
+    assert len(auditor.audit(model, x).hotspots()) == len(a.hotspots())
 
 
-def test_a_function_swap_with_another_signature_is_left_by_hand(monkeypatch):
-    from torchvision.models import shufflenetv2
+def test_a_shuffle_function_with_other_parameters_is_left_by_hand(tmp_path, monkeypatch):
+    path = tmp_path / "shuffles.py"
+    path.write_text(
+        "import torch\n\n\n"
+        "def shuffle_in_two(x):  # a shuffle with its groups fixed: one argument, not two\n"
+        "    n, c, h, w = x.shape\n"
+        "    x = x.view(n, 2, c // 2, h, w)\n"
+        "    x = torch.transpose(x, 1, 2).contiguous()\n"
+        "    return x.view(n, c, h, w)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import shuffles
 
-    def shuffle_in_two(x):  # a shuffle with its groups fixed: one argument, not two
-        return x
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Conv2d(3, 8, 1), nn.Conv2d(8, 8, 1)
 
-    monkeypatch.setattr(shufflenetv2, "channel_shuffle", shuffle_in_two)
-    f = fix.Fixes(pd.DataFrame([{"fix": 1, "action": fix.FUNCTION, "bytes": 1, "source": "", "module": "m",
-                                 "suggestion": "torchvision.models.shufflenetv2.channel_shuffle = "
-                                               "torch.nn.functional.channel_shuffle", "detail": ""}]),
-                  pd.DataFrame())
-    row = f.apply(nn.Identity()).iloc[0]
-    assert not row["applied"] and "signature differs" in row["detail"]
-    assert shufflenetv2.channel_shuffle is shuffle_in_two
+        def forward(self, x):
+            return self.b(shuffles.shuffle_in_two(self.a(x)))
+
+    model, x = fix.to_channels_last(Net(), torch.randn(1, 3, 6, 6))
+    row = fix.suggest_fixes(auditor.audit(model, x)).frame.iloc[0]
+    assert row["pattern"] == "channel_shuffle" and not row["automatic"]
+    assert "takes other parameters than (x, groups)" in row["reason"]
 
 
 def test_suggest_fixes_rejects_what_is_not_an_audit():

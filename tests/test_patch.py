@@ -191,3 +191,29 @@ def test_the_patch_applies_with_git_in_the_project(mod, tmp_path):
     run(["git", "apply", str(tmp_path / "fix.patch")])
     assert "    return x + 2\n" in (root / "userlib.py").read_text()
     assert textwrap.dedent(MODULE).count("return x + 1") == 1
+
+
+def test_edits_made_apart_in_one_function_keep_each_other(mod):
+    """Two patches of one function (two fixes, two audits): each compiles it with the other in
+    force, and taking one back leaves the other."""
+    first = patch_functions([_edit(mod, "        y = super().value(x)", "        y = super().value(x) + 1")])
+    second = patch_functions([_edit(mod, "        return y * SCALE", "        return y * SCALE * 10")])
+    try:
+        assert mod.Child().value(2) == (2 + 1) * 3 * 10
+        first.undo()
+        assert mod.Child().value(2) == 2 * 3 * 10
+        first.redo()
+        second.undo()
+        assert mod.Child().value(2) == (2 + 1) * 3
+    finally:
+        first.undo()
+        second.undo()
+    assert mod.Child().value(2) == 6
+    overlapping = _edit(mod, "        return y * SCALE", "        return y")
+    first.redo()
+    try:
+        with pytest.raises(EditError, match="overlap"):
+            patch_functions([overlapping, _edit(mod, "        return y * SCALE", "        return y * 2")])
+        assert mod.Child().value(2) == 9  # the edit in force is untouched
+    finally:
+        first.undo()

@@ -18,6 +18,7 @@ from planted import make
 
 import auditor
 from auditor import plot
+from auditor.display._text import short_source
 from auditor.display._units import QUANTITIES, format_bytes
 
 
@@ -311,7 +312,9 @@ def test_top_hotspots_name_phase_module_op_and_line(two_breaks_audit):
     assert bars["label"].is_unique
     for label, r in zip(bars["label"], hot.itertuples(), strict=True):
         line = r.source.rsplit(":", 1)[1]
-        assert label.split("  ") == [r.phase, r.module, r.op.removeprefix("aten."), f"test_plot.py:{line}"]
+        where = short_source(r.source)  # as the report and the HTML show it
+        assert where.endswith(f"test_plot.py:{line}") and len(where) < len(r.source)
+        assert label.split("  ") == [r.phase, r.module, r.op.removeprefix("aten."), where]
     fig = plot.top_hotspots(a, n=20, by="group", value="bytes")
     renderer = draw(fig)
     ax = fig.axes[0]
@@ -330,7 +333,8 @@ def test_top_hotspots_name_phase_module_op_and_line(two_breaks_audit):
     assert by_line["bytes"].is_monotonic_decreasing
     assert (by_line[["loses", "converts", "restores"]].sum(axis=1) == by_line["bytes"]).all()
     assert by_line["groups"].sum() == len(hot)
-    assert all(label.startswith("test_plot.py:") for label in by_line["label"])
+    assert all(label.startswith(short_source(source) + "  ") and short_source(source).endswith(
+        f"test_plot.py:{source.rsplit(':', 1)[1]}") for label, source in zip(by_line["label"], by_line["source"]))
     fig = plot.top_hotspots(a, by="source", value="bytes")
     draw(fig)
     assert top_down(fig.axes[0]) == by_line["label"].tolist()
@@ -353,9 +357,11 @@ def test_top_hotspots_by_source_needs_source_lines():
     assert labels.str.split("  ").str.len().eq(3).all()  # phase, module, op: no empty source
 
 
-def test_short_source_names_tell_files_apart():
-    bars = plot._short_sources(["/a/x/model.py:3", "/a/y/model.py:3", "/a/y/net.py:12", ""])
-    assert bars == {"/a/x/model.py:3": "x/model.py:3", "/a/y/model.py:3": "y/model.py:3", "/a/y/net.py:12": "net.py:12"}
+def test_short_source_names_tell_files_apart(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # sources are shown relative to the working directory
+    sources = [f"{tmp_path}/x/model.py:3", f"{tmp_path}/y/model.py:3", f"{tmp_path}/y/net.py:12", ""]
+    bars = {s: plot._short_source(s) for s in sources}
+    assert bars == {sources[0]: "x/model.py:3", sources[1]: "y/model.py:3", sources[2]: "y/net.py:12", "": ""}
 
 
 @pytest.fixture(scope="module")
@@ -429,7 +435,8 @@ def test_top_hotspots_on_shufflenet_tell_groups_of_one_line_apart():
     draw(fig)
     labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
     assert len(labels) == 10 and len(set(labels)) == 10
-    assert all(re.search(r"  shufflenetv2\.py:\d+$", t) for t in labels), labels
+    # the source as the report shows it: relative to site-packages
+    assert all(re.search(r"  torchvision[/\\]models[/\\]shufflenetv2\.py:\d+$", t) for t in labels), labels
     by_line = plot.top_hotspots_data(a, n=100, by="source")
     assert len(by_line) == a.hotspots()["source"].nunique() and by_line["bytes"].sum() == a.hotspots()["bytes"].sum()
 

@@ -269,3 +269,26 @@ def test_the_cost_of_a_copy_is_fitted_to_the_audits_own_copies():
     assert cost.call_us == pytest.approx(5.0) and cost.byte_us == pytest.approx(0.002)
     assert cost(0) == 0.0 and cost.passes([1000, 1000]) == pytest.approx(14.0)
     assert timing.copy_cost(ops.assign(time_us=float("nan")), None, result) is None
+
+
+def test_a_timed_audit_warms_up_once_and_records_the_step_a_fresh_model_takes():
+    """warmup defaults to one step when timed; the warm-up gives the gradients back, so the
+    recorded backward stores fresh gradients as the first one would (it does not add into
+    the warm-up's) and the recorded ops are those of warmup=0."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 4, 1))
+    x = torch.randn(2, 3, 8, 8)
+    cold = auditor.audit(model, x, warmup=0)
+    model.zero_grad(set_to_none=True)
+    calls = []
+    hook = model[0].register_forward_hook(lambda *_: calls.append(1))
+    warm = auditor.audit(model, x)
+    hook.remove()
+    assert len(calls) == 2  # the warm-up, then the recorded step
+    assert list(warm.events["op"]) == list(cold.events["op"])
+    assert all(p.grad is not None for p in model.parameters())  # the recorded step's gradients
+    untimed = []
+    hook = model[0].register_forward_hook(lambda *_: untimed.append(1))
+    auditor.audit(model, x, record_time=False)
+    hook.remove()
+    assert len(untimed) == 1

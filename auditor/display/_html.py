@@ -1,23 +1,21 @@
 """HTML for notebooks: pandas' own tables (``DataFrame.style``), numbers written as the text
 report writes them, and source lines shown whole.
 
-A ``file:line`` cell shows the path relative to the working directory, its project or the
-installed packages (``torchvision/models/resnet.py:150``), never cut, with the recorded path in
-its tooltip. :func:`table_html` is the one table renderer every displayed object uses.
+A ``file:line`` cell shows the source as the text does (:func:`~auditor.display._text.short_source`:
+relative to the working directory, its project or the installed packages), never cut, with the
+recorded path in its tooltip. :func:`table_html` is the one table renderer every displayed
+object uses.
 """
 
 from __future__ import annotations
 
-import functools
 import html
-import os
-import site
-import sysconfig
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import pandas as pd
 
 from ._report import total_lines
+from ._text import saving_text, short_source
 from ._units import format_bytes, format_us
 
 #: Modules shown under the causes and hotspot groups (as many as the text report shows).
@@ -28,8 +26,6 @@ SOURCE_COLUMNS = ("source",)
 #: Columns of prose or code: they wrap, and are left aligned; code in a fixed-width font.
 TEXT_COLUMNS = ("fix", "detail", "suggestion", "line")
 CODE_COLUMNS = ("suggestion", "line")
-#: Folders that mark a project's root.
-PROJECT_MARKERS = (".git", "pyproject.toml", "setup.py", "setup.cfg")
 
 _TEXT_CSS = "text-align: left; vertical-align: top"
 _NUMBER_CSS = "text-align: right; vertical-align: top; white-space: nowrap"
@@ -104,51 +100,19 @@ def default_formats(frame: pd.DataFrame) -> dict[str, Callable]:
 
 
 def source_html(source) -> str:
-    """One ``path:line`` as escaped HTML: the short path (:func:`short_path`) and line, with
+    """One ``path:line`` as escaped HTML: the short path and line (:func:`short_source`), with
     the recorded one in its ``title`` tooltip. Anything else (a notebook cell's name) as is."""
     source = "" if source is None else str(source)
-    path, sep, line = source.rpartition(":")
-    short = f"{short_path(path)}:{line}" if sep and line.isdigit() else source
+    short = short_source(source)
     return f'<span title="{html.escape(source, quote=True)}">{html.escape(short)}</span>' if source else ""
 
 
-def short_path(path: str) -> str:
-    """``path`` relative to the deepest folder holding it among the working directory, its
-    project root and the installed packages' folders (site-packages); else unchanged."""
-    if not os.path.isabs(path):
-        return path
-    path = os.path.normpath(path)
-    best = ""
-    for base in _bases(os.getcwd()):
-        if len(base) > len(best) and path.startswith(base + os.sep):
-            best = base
-    return os.path.relpath(path, best) if best else path
-
-
-@functools.lru_cache(maxsize=8)
-def _bases(cwd: str) -> tuple[str, ...]:
-    """The folders paths are shown relative to, for this working directory."""
-    found = [cwd]
-    here = cwd
-    while os.path.dirname(here) != here:
-        if any(os.path.exists(os.path.join(here, m)) for m in PROJECT_MARKERS):
-            found.append(here)
-            break
-        here = os.path.dirname(here)
-    paths = sysconfig.get_paths()
-    found += [paths.get("purelib", ""), paths.get("platlib", ""), paths.get("stdlib", "")]
-    try:
-        found += [*site.getsitepackages(), site.getusersitepackages()]
-    except AttributeError:  # an old virtualenv's site module
-        pass
-    # the file system's root is no folder to be relative to
-    return tuple({os.path.normpath(b) for b in found if b and os.path.dirname(os.path.normpath(b)) != b})
-
-
 def audit_html(ops: pd.DataFrame, hot: pd.DataFrame, summary: pd.DataFrame, causes: pd.DataFrame | None = None,
-               *, complete: bool = True, error: str = "", top: int = 10, depth: int = 1) -> str:
+               *, complete: bool = True, error: str = "", top: int = 10, depth: int = 1,
+               verified: pd.DataFrame | None = None) -> str:
     """The report (:func:`~auditor.display._report.audit_report`) as HTML: the totals, the
-    ``top`` causes, the hotspot groups and the modules at ``depth`` as tables."""
+    ``top`` causes (each with its measured saving beside the estimate once ``verified``), the
+    hotspot groups and the modules at ``depth`` as tables."""
     parts = [header_html(total_lines(ops, hot, causes, complete, error))]
     if not len(hot):
         parts.append(_paragraph("No losses or conversions between convolutions: channels_last propagates."))
@@ -159,6 +123,10 @@ def audit_html(ops: pd.DataFrame, hot: pd.DataFrame, summary: pd.DataFrame, caus
                 "module_type": "type", "source": "file:line", "hotspots": "hotspots", "bytes": "bytes"}
         if timed:
             cols |= {"time_us": "time", "saving_us": "saving"}
+        if verified is not None:
+            measured = {int(r["cause"]): saving_text(r) for r in verified.to_dict("records") if r["kind"] == "fix"}
+            causes = causes.assign(measured=[measured.get(int(c), "") for c in causes["cause"]])
+            cols["measured"] = "measured (verified)"
         cols["fix"] = "fix"
         order = "most time saved" if timed else "most bytes"
         parts.append(table_html(causes, columns=cols, max_rows=top, more="Audit.causes()",

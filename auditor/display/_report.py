@@ -4,39 +4,66 @@ folded under them."""
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Sequence
 
 import pandas as pd
 
 from ..recording import _rules as rules
-from ._text import shorten
+from ._text import Column, saving_text, short_source, shorten, text_table
 from ._units import format_bytes, format_us
 
 #: Symptoms listed under one cause before "... and N more".
 SYMPTOMS_SHOWN = 4
 
+#: A hotspot table's columns after its lead ones: where and what (:func:`hotspot_lines`) ...
+HOTSPOT_COLUMNS = [
+    Column("phase", width=8), Column("module", width=6, most=32, clip=shorten), Column("op", width=2, most=40),
+    Column("kind", width=8),
+]
+#: ... and by default what it did and how much.
+HOTSPOT_TAIL = [
+    Column("formats", "from -> to", width=30, most=30), Column("count", "n", width=4, align=">"),
+    Column("bytes", width=9, align=">", text=format_bytes),
+]
+#: A symptom under its cause: one hotspot group.
+SYMPTOM_COLUMNS = [
+    Column("phase", width=8), Column("module", width=24, most=24, clip=shorten),
+    Column("op", width=40, most=40, clip=shorten), Column("kind", width=8), Column("count", width=4, align=">", text="{}x".format),
+    Column("bytes", width=9, align=">", text=format_bytes),
+]
+#: The modules that cost most (their time, when timed, follows).
+MODULE_COLUMNS = [
+    Column("module", width=30), Column("hotspots", text="{:>4} hotspots".format),
+    Column("bytes", width=9, align=">", text=format_bytes), Column("share", width=6, align=">", text="{:.1%}".format),
+]
+
 
 def audit_report(ops: pd.DataFrame, hot: pd.DataFrame, summary: pd.DataFrame, causes: pd.DataFrame | None = None,
-                 *, complete: bool = True, error: str = "", top: int = 10, depth: int = 1) -> str:
+                 *, complete: bool = True, error: str = "", top: int = 10, depth: int = 1,
+                 verified: pd.DataFrame | None = None) -> str:
     """Totals, the ``top`` causes with the hotspots they lead to, and the modules at ``depth``
     that cost most.
 
     ``ops``, ``hot``, ``summary`` and ``causes`` are :func:`~auditor.analysis.ops_table`,
     :func:`~auditor.analysis.hotspots`, :func:`~auditor.analysis.summary` and
     :func:`~auditor.analysis.cause_table` of one audit (without causes, the hotspot groups are
-    listed on their own).
+    listed on their own). ``verified``: ``Fixes.verify()``'s table, once the fixes were verified:
+    each cause then shows its measured saving beside the estimate.
     """
     lines = total_lines(ops, hot, causes, complete, error)
     if len(hot):
         lines.append("")
-        lines.extend(_cause_lines(causes, hot, top) if causes is not None and len(causes) else _hotspot_lines(hot, top))
+        if causes is not None and len(causes):
+            lines.extend(_cause_lines(causes, hot, top, verified))
+        else:
+            lines.extend(hotspot_lines(hot, top, more="groups (Audit.hotspots())"))
         timed = "time_us" in summary and summary["time_us"].notna().any()
         summ = summary[(summary["bytes"] > 0) & (summary["hotspots"] > 0)]
         summ = summ.sort_values("time_us" if timed else "bytes", ascending=False).head(5)
         lines.append("")
         lines.append(f"Modules with most hotspot {'time' if timed else 'bytes'} (depth {depth}):")
-        for r in summ.itertuples():
-            when = f" {format_us(r.time_us):>9}" if timed else ""
-            lines.append(f"  {r.module:30} {r.hotspots:>4} hotspots {format_bytes(r.bytes):>9} {r.share:6.1%}{when}")
+        time = [Column("time_us", width=9, align=">", text=format_us)] if timed else []
+        lines.extend(text_table(summ, [*MODULE_COLUMNS, *time], header=False))
     else:
         lines.append("  No losses or conversions between convolutions: channels_last propagates.")
     return "\n".join(lines)
@@ -114,8 +141,10 @@ def _time_lines(ops: pd.DataFrame, causes) -> list[str]:
     return lines
 
 
-def _cause_lines(causes: pd.DataFrame, hot: pd.DataFrame, top: int) -> list[str]:
-    """Each cause: what and where, the fix, and its symptoms, largest first."""
+def _cause_lines(causes: pd.DataFrame, hot: pd.DataFrame, top: int, verified: pd.DataFrame | None = None) -> list[str]:
+    """Each cause: what and where, the fix (measured, once verified), and its symptoms, largest
+    first."""
+    measured = {} if verified is None else {int(r["cause"]): r for r in verified.to_dict("records") if r["kind"] == "fix"}
     timed = "saving_us" in causes and causes["saving_us"].notna().any()
     order = "most time saved" if timed else "most bytes"
     lines = [f"Causes, {order} first ({len(causes)}; Audit.causes(), symptoms in Audit.hotspots()):"]
@@ -124,17 +153,16 @@ def _cause_lines(causes: pd.DataFrame, hot: pd.DataFrame, top: int) -> list[str]
         lines.append(f"  {c.cause:>2}. [{c.pattern}] {c.phase} {c.op} {c.kind} in {shorten(where, 50)}")
         cost = f", {format_us(c.time_us)}; a fix saves about {format_us(c.saving_us)}" if timed else ""
         lines.append(f"      {c.hotspots} hotspot ops, {format_bytes(c.bytes)}{cost}")
+        if c.cause in measured:
+            lines.append(f"      verified: {saving_text(measured[c.cause])}")
         if c.source:
-            lines.append(f"      at {c.source}")
+            lines.append(f"      at {short_source(c.source)}")
         for i, part in enumerate(textwrap.wrap(c.fix, 110)):
             lines.append(f"      {'fix:' if i == 0 else '    '} {part}")
         mine = hot[hot["cause"] == c.cause]
-        for s in mine.head(SYMPTOMS_SHOWN).itertuples():
-            when = f" {format_us(s.time_us):>9}" if s.time_us == s.time_us else ""
-            lines.append(
-                f"      - {s.phase:8} {shorten(s.module, 24):24} {shorten(s.op, 40):40} {s.kind:8} "
-                f"{s.count:>3}x {format_bytes(s.bytes):>9}{when}"
-            )
+        shown = mine.head(SYMPTOMS_SHOWN)
+        when = [f" {format_us(t):>9}" if t == t else "" for t in shown["time_us"]]
+        lines.extend(text_table(shown, SYMPTOM_COLUMNS, indent="      - ", header=False, tails=when))
         if len(mine) > SYMPTOMS_SHOWN:
             lines.append(f"      ... and {len(mine) - SYMPTOMS_SHOWN} more hotspot groups")
     if len(causes) > top:
@@ -142,18 +170,16 @@ def _cause_lines(causes: pd.DataFrame, hot: pd.DataFrame, top: int) -> list[str]
     return lines
 
 
-def _hotspot_lines(hot: pd.DataFrame, top: int) -> list[str]:
+def hotspot_lines(hot: pd.DataFrame, top: int, *, more: str, lead: Sequence[Column] = (),
+                  tail: Sequence[Column] = HOTSPOT_TAIL) -> list[str]:
+    """Hotspot groups as a text table, the audit report's and the rank report's: the ``lead``
+    columns, phase, module, op and kind, then the ``tail`` columns (by default from -> to, count
+    and bytes); each row's source line under it (:func:`~._text.short_source`), the first
+    ``top`` rows, then how many more (``"... and 3 more {more}"``)."""
     shown = hot.head(top)
-    w_mod = min(32, max(6, shown["module"].str.len().max()))
-    w_op = min(40, max(2, shown["op"].str.len().max()))
-    lines = [f"  {'phase':8} {'module':{w_mod}} {'op':{w_op}} {'kind':8} {'from -> to':30} {'n':>4} {'bytes':>9}"]
-    for r in shown.itertuples():
-        lines.append(
-            f"  {r.phase:8} {shorten(r.module, w_mod):{w_mod}} {r.op[:w_op]:{w_op}} {r.kind:8} "
-            f"{(r.from_format + ' -> ' + r.to_format)[:30]:30} {r.count:>4} {format_bytes(r.bytes):>9}"
-        )
-        if r.source:
-            lines.append(f"           at {r.source}")
+    shown = shown.assign(formats=shown["from_format"].astype(str) + " -> " + shown["to_format"].astype(str))
+    notes = [f"at {short_source(s)}" if s else "" for s in shown["source"]]
+    lines = text_table(shown, [*lead, *HOTSPOT_COLUMNS, *tail], notes=notes)
     if len(hot) > top:
-        lines.append(f"  ... and {len(hot) - top} more groups (Audit.hotspots())")
+        lines.append(f"  ... and {len(hot) - top} more {more}")
     return lines

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 import pandas as pd
@@ -10,8 +10,7 @@ from pandas.api.types import union_categoricals
 
 from .._result import Audit
 from ..analysis import diff
-from ..display._html import header_html, table_html
-from ..display._units import format_bytes
+from ..display import ranks_html, ranks_text
 from ._buckets import bucket_ops, group_bucket_ops
 
 
@@ -118,56 +117,34 @@ class RankAudits:
         """:func:`rank_differences` of these audits."""
         return rank_differences(self, reference)
 
-    def report(self, top: int = 10, depth: int = 1) -> str:
-        """One screen: per-rank totals, hotspot differences between ranks, DDP bucket copies that
-        change the layout, then the reference rank's own report."""
-        ranks = self.ranks
-        if not ranks:
-            return "Distributed format audit: no ranks"
-        ref = ranks[0]
-        n_ops = sum(len(a.events) for a in self.per_rank.values())
-        lines = [
-            f"Distributed format audit: {len(ranks)} of {self.world_size} ranks, {n_ops} aten ops"
-        ]
+    def _totals(self) -> pd.DataFrame:
+        """One row per rank: its ops, hotspot groups, hotspot ops and their bytes, and whether it
+        was recorded whole."""
+        rows = []
         for r, a in self.per_rank.items():
             ops = a.ops()
             hot = ops[ops["hotspot"]]
-            state = "complete" if a.complete else f"INCOMPLETE: {a.error}"
-            lines.append(
-                f"  rank {r}: {len(ops)} ops, {a.hotspots().shape[0]} hotspot groups "
-                f"({len(hot)} ops, {format_bytes(hot['bytes'].sum())} moved); {state}"
-            )
-        diff = self.differences(ref)
-        lines.append("")
-        if len(ranks) == 1:
-            lines.append(f"Hotspots: only rank {ref} was recorded, nothing to compare.")
-        elif diff.empty:
-            lines.append(f"Hotspots: identical on every rank (compared with rank {ref}).")
-        else:
-            lines.append(f"Hotspots differ between ranks (compared with rank {ref}):")
-            w_mod = min(24, max(6, diff["module"].astype(str).str.len().max()))
-            w_op = min(36, max(2, diff["op"].astype(str).str.len().max()))
-            lines.append(
-                f"  {'rank':>4} {'status':9} {'phase':8} {'module':{w_mod}} {'op':{w_op}} "
-                f"{'kind':8} {'n':>7} {'bytes +/-':>10}"
-            )
-            for r in diff.head(top).itertuples():
-                lines.append(
-                    f"  {r.rank:>4} {r.status:9} {r.phase:8} {str(r.module)[:w_mod]:{w_mod}} "
-                    f"{str(r.op)[:w_op]:{w_op}} {r.kind:8} {f'{r.count_before}->{r.count_after}':>7} "
-                    f"{format_bytes(r.bytes_delta):>10}"
-                )
-                if r.source:
-                    lines.append(f"       at {r.source}")
-            if len(diff) > top:
-                lines.append(f"  ... and {len(diff) - top} more (RankAudits.differences())")
-        lines.append("")
-        lines.extend(_bucket_lines(self, top))
-        lines.append("")
-        lines.append(f"Rank {ref}:")
-        ref_audit = self.per_rank[ref]
-        lines.append(ref_audit.report(top=top, depth=depth))
-        return "\n".join(lines)
+            rows.append({"rank": r, "ops": len(ops), "hotspot groups": len(a.hotspots()), "hotspot ops": len(hot),
+                         "bytes": int(hot["bytes"].sum()),
+                         "state": "complete" if a.complete else f"INCOMPLETE: {a.error}"})
+        return pd.DataFrame(rows, columns=["rank", "ops", "hotspot groups", "hotspot ops", "bytes", "state"])
+
+    def _shown(self, own: Callable[[Audit], str]) -> dict:
+        """What its report shows (:mod:`auditor.display`); ``own`` renders the reference rank's
+        audit."""
+        shown = {"world_size": self.world_size, "totals": self._totals()}
+        if not self.per_rank:
+            return shown
+        ref = self.ranks[0]
+        ops = self.bucket_ops()
+        return {**shown, "reference": ref, "differences": self.differences(ref), "bucket_ops": ops,
+                "bucket_hotspots": self.bucket_hotspots() if len(ops) else pd.DataFrame(),
+                "reference_report": own(self.per_rank[ref])}
+
+    def report(self, top: int = 10, depth: int = 1) -> str:
+        """One screen: per-rank totals, hotspot differences between ranks, DDP bucket copies that
+        change the layout, then the reference rank's own report."""
+        return ranks_text(**self._shown(lambda a: a.report(top=top, depth=depth)), top=top)
 
     def __repr__(self) -> str:
         return f"<RankAudits ranks {self.ranks} of {self.world_size}, {len(self.events)} ops>"
@@ -175,76 +152,7 @@ class RankAudits:
     def _repr_html_(self, top: int = 10, depth: int = 1) -> str:
         """:meth:`report` as HTML tables, for notebooks: per-rank totals, the hotspot groups that
         differ between ranks, the bucket copies that change the layout, the reference rank."""
-        ranks = self.ranks
-        if not ranks:
-            return header_html(["Distributed format audit: no ranks"])
-        ref = ranks[0]
-        totals = []
-        for r, a in self.per_rank.items():
-            ops = a.ops()
-            hot = ops[ops["hotspot"]]
-            totals.append({"rank": r, "ops": len(ops), "hotspot groups": len(a.hotspots()), "hotspot ops": len(hot),
-                           "bytes": int(hot["bytes"].sum()),
-                           "state": "complete" if a.complete else f"INCOMPLETE: {a.error}"})
-        n_ops = sum(t["ops"] for t in totals)
-        parts = [header_html([f"Distributed format audit: {len(ranks)} of {self.world_size} ranks, {n_ops} aten ops"]),
-                 table_html(pd.DataFrame(totals))]
-        diff = self.differences(ref)
-        if len(ranks) == 1:
-            parts.append(header_html([f"Hotspots: only rank {ref} was recorded, nothing to compare."]))
-        elif diff.empty:
-            parts.append(header_html([f"Hotspots: identical on every rank (compared with rank {ref})."]))
-        else:
-            parts.append(table_html(
-                diff, columns={"rank": "rank", "status": "status", "phase": "phase", "module": "module", "op": "op",
-                               "kind": "kind", "count_before": f"n on rank {ref}", "count_after": "n",
-                               "bytes_delta": "bytes +/-", "source": "file:line"},
-                caption=f"Hotspots differ between ranks (compared with rank {ref})", max_rows=top,
-                more="RankAudits.differences()"))
-        parts.append(header_html(_bucket_lines(self, top, table=False)))
-        hot = self.bucket_hotspots() if not self.bucket_ops().empty else pd.DataFrame()
-        if len(hot):
-            parts.append(table_html(
-                hot, columns=["rank", "phase", "stage", "op", "from_format", "to_format", "count", "bytes",
-                              "view_mismatch"],
-                max_rows=top, more="RankAudits.bucket_hotspots()"))
-        parts.append(header_html([f"Rank {ref}:"]))
-        parts.append(self.per_rank[ref]._repr_html_(top=top, depth=depth))
-        return "<div>" + "\n".join(parts) + "</div>"
-
-
-def _bucket_lines(ra: RankAudits, top: int, table: bool = True) -> list[str]:
-    """The report's bucket section; ``table=False``: its totals only (the HTML shows the table)."""
-    ops = ra.bucket_ops()
-    if ops.empty:
-        return ["DDP buckets: no copies into or out of collective buffers were recorded."]
-    lines = ["DDP buckets and collective buffers (copies per rank):"]
-    for r, g in ops.groupby("rank", sort=True):
-        counts = g.groupby(["phase", "stage"], observed=True).size()
-        parts = ", ".join(f"{p} {s} {n}" for (p, s), n in counts.items())
-        changed = g["layout_change"] | g["view_mismatch"]
-        lines.append(
-            f"  rank {r}: {len(g)} copies ({parts}); {int(changed.sum())} change the layout or "
-            f"mismatch a bucket view, {format_bytes(g.loc[changed, 'bytes'].sum())}"
-        )
-    hot = ra.bucket_hotspots()
-    if hot.empty:
-        lines.append("  No copy into or out of a bucket changes the layout.")
-        return lines
-    if not table:
-        return lines
-    lines.append(
-        f"  {'rank':>4} {'phase':8} {'stage':7} {'op':24} {'from -> to':30} {'n':>4} {'bytes':>9}"
-    )
-    for r in hot.head(top).itertuples():
-        flag = "  VIEW MISMATCH: values permuted" if r.view_mismatch else ""
-        lines.append(
-            f"  {r.rank:>4} {r.phase:8} {r.stage:7} {r.op[:24]:24} "
-            f"{(r.from_format + ' -> ' + r.to_format)[:30]:30} {r.count:>4} {format_bytes(r.bytes):>9}{flag}"
-        )
-    if len(hot) > top:
-        lines.append(f"  ... and {len(hot) - top} more (RankAudits.bucket_hotspots())")
-    return lines
+        return ranks_html(**self._shown(lambda a: a._repr_html_(top=top, depth=depth)), top=top)
 
 
 def rank_differences(rank_audits: RankAudits | dict[int, Audit] | Iterable[Audit],

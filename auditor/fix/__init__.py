@@ -1,9 +1,12 @@
 """Fixes: what to change once the analysis says where data is permuted.
 
-Owns the conversion helpers (``convert``), per-convolution formats and input-format hooks
-(``hooks``), drop-in modules that keep the format (``keep_format``), reading the user's source
-(``source``) and suggested fixes (``suggest``). Imports the analysis, display and the ``Audit``
-facade; never the planner or the entry points.
+Owns the conversion helpers (``_convert``), per-convolution formats and input-format hooks
+(``_hooks``), drop-in modules that keep the format (``_keep_format``), reading the user's source
+(``_source_text``), the statement rewrites each pattern's fix makes (``_rewrite``), the fix
+generators registered per pattern (``_generators``), source edits applied in memory and as a
+patch (``_patch``), proving a fix (``_verify``) and the suggested fixes (``_suggest``). Imports
+the analysis, display, measuring and the ``Audit`` facade and session; never the planner or the
+entry points.
 """
 
 from .._deprecated import moved_attribute
@@ -25,22 +28,40 @@ from ._hooks import (
 )
 from ._keep_format import (
     SWAPS,
+    GlobalAvgPool,
     LayerNormKeepFormat,
     SoftmaxKeepFormat,
+    TemporalConv,
     softmax_keep_format,
     swap_instance_norm,
     swap_module,
 )
 from ._source_text import module_expr
-from ._suggest import EDIT, FIX_COLUMNS, FUNCTION, REGION, SWAP, WEIGHT, Fixes, suggest_fixes
+from ._suggest import (
+    BY_HAND,
+    EDIT,
+    FIX_COLUMNS,
+    FUNCTION,
+    REGION,
+    SWAP,
+    VERIFY_COLUMNS,
+    WEIGHT,
+    Fixes,
+    suggest_fixes,
+)
+from ._verify import TOLERANCE
 
 __all__ = [
+    "BY_HAND",
     "CHANNELS_LAST_OF_RANK",
     "WEIGHT_CONVERSION_COLUMNS",
     "EDIT",
     "FIX_COLUMNS",
     "FORMAT_NAMES",
     "FUNCTION",
+    "TOLERANCE",
+    "VERIFY_COLUMNS",
+    "GlobalAvgPool",
     "REGION",
     "SWAP",
     "SWAPS",
@@ -49,6 +70,7 @@ __all__ = [
     "InputFormat",
     "LayerNormKeepFormat",
     "SoftmaxKeepFormat",
+    "TemporalConv",
     "convert_conv2d_weight_memory_format",
     "convert_conv3d_weight_memory_format",
     "keep_contiguous",

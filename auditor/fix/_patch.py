@@ -17,13 +17,14 @@ file for a library.
 from __future__ import annotations
 
 import ast
+import contextlib
 import difflib
 import gc
 import linecache
 import os
 import sys
 import types
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 #: How the wrapper that recreates a function's outer variables and class cell is named in the
@@ -108,16 +109,40 @@ def _span(code: types.CodeType) -> tuple[int, int]:
     return first, last
 
 
+#: file -> its live functions, while :func:`one_scan` holds one scan of the heap for many lookups
+_SCAN: dict[str, list[types.FunctionType]] | None = None
+
+
+@contextlib.contextmanager
+def one_scan() -> Iterator[None]:
+    """Look the live functions up once for the block (suggesting fixes for many causes asks for
+    those of many lines)."""
+    global _SCAN
+    outer = _SCAN
+    if outer is None:
+        _SCAN = {}
+        for obj in gc.get_objects():
+            if type(obj) is types.FunctionType:
+                _SCAN.setdefault(obj.__code__.co_filename, []).append(obj)
+    try:
+        yield
+    finally:
+        _SCAN = outer
+
+
 def live_functions(path: str, lines: Iterable[int]) -> list[types.FunctionType]:
     """Every function object alive in this process whose code was compiled from ``path`` and
     covers one of ``lines`` (a method, a module-level function, a closure made by a call)."""
     wanted = sorted(set(lines))
+    if _SCAN is not None:
+        candidates = _SCAN.get(path, [])
+    else:
+        candidates = [o for o in gc.get_objects() if type(o) is types.FunctionType and o.__code__.co_filename == path]
     found = []
-    for obj in gc.get_objects():
-        if type(obj) is types.FunctionType and obj.__code__.co_filename == path:
-            first, last = _span(obj.__code__)
-            if any(first <= n <= last for n in wanted):
-                found.append(obj)
+    for obj in candidates:
+        first, last = _span(_ORIGINAL.get(obj, obj.__code__))
+        if any(first <= n <= last for n in wanted):
+            found.append(obj)
     return found
 
 
@@ -150,12 +175,13 @@ def _find_code(code: types.CodeType, name: str, first: int) -> types.CodeType | 
     return None
 
 
-def compile_function(fn: types.FunctionType, lines: list[str], origin: dict[int, int]) -> types.CodeType:
-    """``fn``'s code compiled again from the edited ``lines`` of its file, under the file's
-    name, each statement numbered as the line of the file it stands for. The function is
-    compiled where it had its outer variables and its class (``super()``), so its closure
-    still fits; it is never run here."""
-    old = fn.__code__
+def compile_function(fn: types.FunctionType, lines: list[str], origin: dict[int, int],
+                     old: types.CodeType | None = None) -> types.CodeType:
+    """``fn``'s code (``old``: its code before any edit, by default its own) compiled again from
+    the edited ``lines`` of its file, under the file's name, each statement numbered as the
+    line of the file it stands for. The function is compiled where it had its outer variables
+    and its class (``super()``), so its closure still fits; it is never run here."""
+    old = fn.__code__ if old is None else old
     try:
         tree = ast.parse("".join(lines), filename=old.co_filename)
     except SyntaxError as exc:
@@ -186,50 +212,108 @@ def compile_function(fn: types.FunctionType, lines: list[str], origin: dict[int,
     return new
 
 
+#: The edits in force in this process, per file, in the order they were made: a function is
+#: always compiled from its file with all of them, so edits made apart (two fixes, two audits)
+#: never undo each other, and taking one back leaves the others.
+_ACTIVE: dict[str, list[SourceEdit]] = {}
+#: function -> its code before any edit, for the functions an edit in force reaches
+_ORIGINAL: dict[types.FunctionType, types.CodeType] = {}
+
+
+#: (file, the edits in force on it) -> the functions they reach, with their code before and
+#: after: compiled once, so taking a patch back and making it again (as timing before and after
+#: does, round by round) only assigns code objects
+_COMPILED: dict[tuple[str, tuple[SourceEdit, ...]], list[tuple[types.FunctionType, types.CodeType, types.CodeType]]] = {}
+
+
+def _swaps(path: str) -> list[tuple[types.FunctionType, types.CodeType, types.CodeType]]:
+    """(function, its code before any edit, its code with the edits in force on ``path``) for
+    every live function of ``path`` those edits reach."""
+    edits = tuple(_ACTIVE.get(path, []))
+    if not edits:
+        return []
+    known = _COMPILED.get((path, edits))
+    if known is not None:
+        return known
+    lines, origin = edited_text(path, edits)
+    touched = [n for e in edits for n in range(e.first, e.last + 1)]
+    swaps = []
+    for fn in live_functions(path, touched):
+        old = _ORIGINAL.get(fn, fn.__code__)
+        swaps.append((fn, old, compile_function(fn, lines, origin, old)))
+    if len(_COMPILED) > 256:  # a long session's states: keep the memory they hold bounded
+        _COMPILED.clear()
+    _COMPILED[(path, edits)] = swaps
+    return swaps
+
+
+def _recompile(paths: Iterable[str]) -> None:
+    """Every live function of ``paths`` that an edit in force reaches compiled from its file
+    with those edits; every function no edit reaches any more given its own code back. All
+    compile before any is swapped, so a failure changes nothing."""
+    swaps = {path: _swaps(path) for path in paths}
+    for path, mine in swaps.items():
+        reached = {fn for fn, _, _ in mine}
+        for fn in [f for f, code in _ORIGINAL.items() if code.co_filename == path and f not in reached]:
+            fn.__code__ = _ORIGINAL.pop(fn)
+        for fn, old, new in mine:
+            _ORIGINAL.setdefault(fn, old)
+            fn.__code__ = new
+
+
 @dataclass
 class CodePatch:
-    """Edits applied to live functions: (function, old code, new code) each; :meth:`undo` and
-    :meth:`redo` swap them back and forth."""
+    """Edits in force in this process, or taken back: :meth:`undo` and :meth:`redo` take them
+    back and make them again (the other edits in force stay)."""
 
     edits: tuple[SourceEdit, ...]
-    swaps: list[tuple[types.FunctionType, types.CodeType, types.CodeType]] = field(default_factory=list)
     active: bool = False
+    functions: list[str] = field(default_factory=list)  #: the functions the edits reached, by qualified name
 
     def redo(self) -> None:
-        for fn, _, new in self.swaps:
-            fn.__code__ = new
+        if self.active:
+            return
+        paths = {e.path for e in self.edits}
+        for e in self.edits:
+            _ACTIVE.setdefault(e.path, []).append(e)
+        try:
+            _recompile(paths)
+        except Exception:
+            self._forget()
+            raise
         self.active = True
 
     def undo(self) -> None:
-        for fn, old, _ in reversed(self.swaps):
-            fn.__code__ = old
+        if not self.active:
+            return
+        self._forget()
+        _recompile({e.path for e in self.edits})
         self.active = False
 
-    @property
-    def functions(self) -> list[str]:
-        """The functions the edits reached, by qualified name."""
-        return list(dict.fromkeys(fn.__qualname__ for fn, _, _ in self.swaps))
+    def _forget(self) -> None:
+        for e in self.edits:
+            mine = _ACTIVE.get(e.path, [])
+            if e in mine:
+                mine.remove(e)
+            if not mine:
+                _ACTIVE.pop(e.path, None)
 
 
 def patch_functions(edits: Iterable[SourceEdit]) -> CodePatch:
-    """Apply ``edits`` to the live functions that hold their lines (see the module docstring);
-    raises :class:`EditError` before changing anything when an edit cannot be applied: the file
-    changed since the audit, the edited text does not compile, no live function holds the
-    lines, or a function's closure would not fit its new code."""
-    edits = tuple(edits)
-    by_path: dict[str, list[SourceEdit]] = {}
-    for e in edits:
-        by_path.setdefault(e.path, []).append(e)
-    patch = CodePatch(edits)
-    for path, mine in by_path.items():
-        lines, origin = edited_text(path, mine)
-        touched = [n for e in mine for n in range(e.first, e.last + 1)]
-        functions = live_functions(path, touched)
-        if not functions:
-            raise EditError(f"no function of the running program holds {path}:{mine[0].first}")
-        for fn in functions:
-            patch.swaps.append((fn, fn.__code__, compile_function(fn, lines, origin)))
+    """Apply ``edits`` to the live functions that hold their lines (see the module docstring),
+    with every edit already in force; raises :class:`EditError` before changing anything when an
+    edit cannot be applied: the file changed since the audit, it overlaps an edit in force, the
+    edited text does not compile, no live function holds the lines, or a function's closure
+    would not fit its new code."""
+    patch = CodePatch(tuple(edits))
+    for e in patch.edits:
+        if not live_functions(e.path, range(e.first, e.last + 1)):
+            raise EditError(f"no function of the running program holds {e.path}:{e.first}")
     patch.redo()
+    touched = {(e.path, n) for e in patch.edits for n in range(e.first, e.last + 1)}
+    patch.functions = list(dict.fromkeys(
+        fn.__qualname__ for fn, old in _ORIGINAL.items()
+        if any(p == old.co_filename and _span(old)[0] <= n <= _span(old)[1] for p, n in touched)))
     return patch
 
 

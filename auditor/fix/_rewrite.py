@@ -72,6 +72,28 @@ def _statements(path: str, text: str) -> tuple[tuple[int, int], ...]:
                         if isinstance(node, cst.SimpleStatementLine)))
 
 
+def statements_from(path: str, line: int, count: int) -> Statement:
+    """The statement that holds ``line`` and the ``count - 1`` simple statements after it, when
+    they follow it in the same block (nothing but blank and comment lines between them)."""
+    lines = linecache.getlines(path)
+    spans = _statements(path, "".join(lines))
+    first = statement_at(path, line)
+    at = spans.index((first.first, first.last))
+    chosen = list(spans[at:at + count])
+    indent = _indent(lines[first.first - 1])
+    for (_, end), (start, _) in zip(chosen, chosen[1:]):
+        between = lines[end:start - 1]
+        if any(t.strip() and not t.strip().startswith("#") for t in between) or _indent(lines[start - 1]) != indent:
+            raise Refused("the statements after this line are not in its block")
+    if len(chosen) < count:
+        raise Refused("the block ends before the statements the rewrite needs")
+    return Statement(path, chosen[0][0], chosen[-1][1], "".join(lines[chosen[0][0] - 1:chosen[-1][1]]))
+
+
+def _indent(text: str) -> str:
+    return text[:len(text) - len(text.lstrip(" \t"))]
+
+
 def statement_at(path: str, line: int) -> Statement:
     """The simple statement of ``path`` that holds ``line``."""
     lines = linecache.getlines(path)
@@ -314,9 +336,9 @@ def add_the_branches(module: cst.Module, facts: Facts) -> cst.Module:
     becomes the sum of the branches, ``sum(x.unbind(1))`` (``sum(branches)`` when the line
     stacks them itself): the same additions, and each keeps the images' format
     (stack_reduce)."""
-    if len(facts.dims) != 1:
+    if not facts.dims:
         raise Refused("the reduction is not over one stacked dimension")
-    stacked = facts.dims[0]
+    stacked_dims = {d % (facts.rank + 1) for d in facts.dims}  # those the op's shapes allow
 
     def is_reduction(node) -> bool:
         if not isinstance(node, cst.Call) or _callee(node) not in ("sum", "mean"):
@@ -326,10 +348,11 @@ def add_the_branches(module: cst.Module, facts: Facts) -> cst.Module:
             return False  # the builtin sum
         dim = _arg(node, 0 if method else 1, "dim")
         values = _ints(dim.value) if dim is not None else None
-        return values is not None and len(values) == 1 and values[0] % (facts.rank + 1) == stacked % (facts.rank + 1)
+        return values is not None and len(values) == 1 and values[0] % (facts.rank + 1) in stacked_dims
 
     call = _the_one(_find(module, is_reduction), "reduction over the stacked dimension")
     method = _is_method(call, facts.torch)
+    stacked = _ints(_arg(call, 0 if method else 1, "dim").value)[0] % (facts.rank + 1)
     keep = _arg(call, 1 if method else 2, "keepdim")
     if keep is not None and _bool(keep.value) is not False:
         raise Refused("the reduction keeps the stacked dimension (keepdim)")
@@ -389,10 +412,6 @@ def split_the_channels(module: cst.Module, facts: Facts) -> cst.Module:
         return full and rest and isinstance(second, cst.Slice) and second.step is None
 
     found = _find(module, channel_slice)
-    if any(isinstance(n, cst.Call) and _callee(n) in ("split", "chunk", "split_with_sizes", "tensor_split")
-           for n in _find(module, lambda n: isinstance(n, cst.Call))):
-        raise Refused("this line splits the channels already; the contiguous zeros come from PyTorch's own backward "
-                      "of the part that is not used, and no rewrite of the line keeps the format")
     bases: dict[str, list] = {}
     for node in found:
         bases.setdefault(_code(node.value), []).append(node)
@@ -473,12 +492,37 @@ def flatten_in_memory_order(module: cst.Module, facts: Facts) -> cst.Module:
     flat = _arg(norm, 0, "input")
     if w is None or flat is None or not _simple(w):
         raise Refused("the weight is not a name or attribute")
-    inner = flat.value
-    if not (isinstance(inner, cst.Call) and isinstance(inner.func, cst.Attribute)
-            and inner.func.attr.value in ("reshape", "view") and _code(inner.func.value) == _code(w)):
-        raise Refused("the normalised tensor is not a reshape of the weight")
     permuted = f"{_code(w)}.permute{order}"
+
+    def is_flattening(node) -> bool:
+        return (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)
+                and node.func.attr.value in ("reshape", "view") and _code(node.func.value) == _code(w))
+
+    inner = flat.value
+    if isinstance(inner, cst.Name):  # flattened into a name first: `flat = w.reshape(1, O, -1)`
+        assigned = [n.value for n in _find(module, lambda n: isinstance(n, cst.Assign) and len(n.targets) == 1
+                                           and _code(n.targets[0].target) == inner.value)]
+        inner = assigned[-1] if assigned else None
+    if inner is None or not is_flattening(inner):
+        raise Refused("the normalised tensor is not a reshape of the weight")
     new_inner = inner.with_changes(func=_expr(f"{permuted}.{inner.func.attr.value}"))
-    new_norm = norm.with_deep_changes(flat, value=new_inner)
-    new_outer = _expr(f"{_code(new_norm)}.reshape({permuted}.shape).permute{back}")
-    return _replace(module, outer, new_outer)
+    new_outer = _expr(f"{_code(norm)}.reshape({permuted}.shape).permute{back}")
+    if flat.value is inner:
+        new_outer = _expr(f"{_code(norm.with_deep_changes(flat, value=new_inner))}.reshape({permuted}.shape)"
+                          f".permute{back}")
+        return _replace(module, outer, new_outer)
+    return _replace_all(module, [(inner, new_inner), (outer, new_outer)])
+
+
+def shuffle_by_torch(params: tuple[str, str]) -> Callable[[cst.Module, Facts], cst.Module]:
+    """The rewrite of a channel shuffle function's body (``x.view -> transpose -> .contiguous()
+    -> view``) into ``return torch.nn.functional.channel_shuffle(x, groups)``, whose values are
+    the same and which keeps the format (channel_shuffle); ``params`` are the function's two."""
+    def shuffle(module: cst.Module, facts: Facts) -> cst.Module:
+        if facts.torch is None:
+            raise Refused("torch is not imported where this function runs")
+        body, _ = _statement_of(module)
+        statement = cst.parse_statement(f"return {facts.torch}.nn.functional.channel_shuffle({params[0]}, {params[1]})\n")
+        return module.with_deep_changes(body, body=[statement]) if body is not module else module.with_changes(
+            body=[statement])
+    return shuffle

@@ -9,8 +9,7 @@ import pandas as pd
 import torch.nn as nn
 
 from .._result import Audit
-from ..display._html import header_html, table_html
-from ..display._units import format_bytes
+from ..display import applied_html, applied_text
 from ..fix._hooks import is_conv_module
 from ._assign import apply_formats
 from ._check import compare_outputs, hotspot_totals, record, reference_output
@@ -38,20 +37,17 @@ class AppliedPlan:
     before: Audit
     after: Audit | None
 
+    def _shown(self) -> dict:
+        """What its text and its HTML show (:mod:`auditor.display`)."""
+        return {"weights": len(self.changes), "input_conversions": len(self.converted_inputs),
+                "checked": self.after is not None, "allclose": self.allclose, "max_abs_diff": self.max_abs_diff,
+                "hotspots": self.hotspots}
+
     def __str__(self) -> str:
-        lines = [f"Plan applied: {len(self.changes)} weights converted, "
-                 f"{len(self.converted_inputs)} input conversions installed"]
-        if self.after is not None:
-            lines.append(f"  outputs {'allclose to' if self.allclose else 'DIFFER from'} the original "
-                         f"(max abs diff {self.max_abs_diff:.2e})")
-            for r in self.hotspots.itertuples():
-                lines.append(f"  {r.phase:9} hotspot bytes {format_bytes(r.bytes_before):>9} (all channels_last) "
-                             f"-> {format_bytes(r.bytes_after):>9} (planned)")
-        return "\n".join(lines)
+        return applied_text(**self._shown())
 
     def _repr_html_(self) -> str:
-        head, *rest = str(self).splitlines()
-        return header_html([head, *rest[:1]]) + table_html(self.hotspots, caption="Hotspots by phase")
+        return applied_html(**self._shown())
 
 
 def apply_plan(model: nn.Module, plan: LayoutPlan, *, check: bool = True) -> AppliedPlan:

@@ -15,7 +15,7 @@ import torch.nn as nn
 from .._result import Audit
 from .._step import Step, default_loss
 from ..analysis import FlowView
-from ..display._html import header_html, table_html
+from ..display import decisions_text, noise_note, plan_headline, plan_html, plan_notes, plan_text
 from ..display.progress import bar as progress_bar
 from ..fix._convert import layout_name, to_channels_last, to_contiguous
 from ..fix._hooks import is_conv_module, remove_input_formats
@@ -168,46 +168,19 @@ class LayoutPlan:
 
     def noise_note(self) -> str:
         """What stayed within noise among the whole-model decisions ("" when nothing did)."""
-        notes = []
-        for r in self.candidates.itertuples():
-            if r.within_noise is True:
-                notes.append(f"{r.candidate} / {r.vs} = {r.ratio:.3f} [{r.ratio_low:.3f}, {r.ratio_high:.3f}] "
-                             f"after {r.repeats} rounds")
-        if not notes:
-            return ""
-        return (f"within noise against a {self.margin:.0%} margin: " + "; ".join(notes)
-                + f"; kept {self.chosen}")
+        return noise_note(self.candidates, self.margin, self.chosen)
+
+    def _shown(self) -> dict:
+        """What its text and its HTML show (:mod:`auditor.display`)."""
+        headline = plan_headline(
+            backward=self.train, device=self.device, clock=self.clock, margin=self.margin, formats=self.formats,
+            regions=self.convs["region"].nunique() if len(self.convs) else None,
+            input_conversions=len(self.converted_inputs))
+        return {"headline": headline, "candidates": self.candidates, "decisions": self.decisions(),
+                "notes": plan_notes(self.candidates, self.margin, self.chosen)}
 
     def __str__(self) -> str:
-        mode = "training step" if self.train else "inference"
-        counts = pd.Series(list(self.formats.values()), dtype="object").value_counts()
-        lines = [
-            f"Layout plan ({mode}, measured on {self.device}, {self.clock} time, margin {self.margin:.0%}): "
-            f"{len(self.formats)} convolutions"
-            + "".join(f", {n} {f}" if i else f": {n} {f}" for i, (f, n) in enumerate(counts.items()))
-            + (f" in {self.convs['region'].nunique()} regions" if len(self.convs) else "")
-            + f"; {len(self.converted_inputs)} input conversions",
-            f"  {'candidate':18} {'predicted':>10} {'measured':>10} {'±IQR/2':>7}   "
-            f"{'ratio to':18} {'ratio':>6} {'[98% interval]':>16} {'rounds':>6}",
-        ]
-        for r in self.candidates.itertuples():
-            decided = " " * 51
-            if isinstance(r.vs, str) and r.vs:
-                decided = (f"{r.vs:18} {r.ratio:6.3f} [{r.ratio_low:6.3f}, {r.ratio_high:6.3f}] {r.repeats:6d}"
-                           + ("  within noise" if r.within_noise is True else ""))
-            mark = "  <- chosen" if r.chosen else ""
-            lines.append(f"  {r.candidate:18} {r.predicted_us / 1e3:8.2f}ms {r.measured_us / 1e3:8.2f}ms "
-                         f"{r.spread / 2:7.0%}   {decided}{mark}".rstrip())
-        note = self.noise_note()
-        if note:
-            lines.append(f"  note: {note}")
-        if (self.candidates["faults"] > 0).any():
-            lines.append("  note: page faults while timing (the allocator returns memory to the OS between steps);"
-                         " call auditor.plan.steady_malloc() first for steadier numbers")
-        if len(self.convs):
-            lines.append("")
-            lines.append(self.decisions_table(max_rows=12))
-        return "\n".join(lines)
+        return plan_text(**self._shown())
 
     def decisions(self) -> pd.DataFrame:
         """One row per group of same-signature convolutions, the groups with most at stake first:
@@ -235,34 +208,14 @@ class LayoutPlan:
 
     def decisions_table(self, max_rows: int | None = None) -> str:
         """:meth:`decisions` as text, ``max_rows`` of them."""
-        d = self.decisions()
-        shown = d if max_rows is None else d.head(max_rows)
-        lines = [f"  {'convolutions (same signature)':32} {'contiguous':>11} {'chan_last':>11}  "
-                 f"{'cl/contig':>9} {'[98% interval]':>16} {'rounds':>6}  {'noise':5}  {'format':16}  reason"]
-        for r in shown.itertuples():
-            noise = "yes" if r.within_noise else "no"
-            lines.append(f"  {r.convolutions[-32:]:32} {r.contiguous_us:9.0f}us {r.channels_last_us:9.0f}us  "
-                         f"{r.ratio:9.3f} [{r.ratio_low:6.3f}, {r.ratio_high:6.3f}] {r.repeats:6d}  "
-                         f"{noise:5}  {r.format:16}  {r.reason}")
-        if len(d) > len(shown):
-            lines.append(f"  ... {len(d) - len(shown)} more groups in plan.convs")
-        return "\n".join(lines)
+        return decisions_text(self.decisions(), max_rows)
 
     def __repr__(self) -> str:
         return str(self)
 
     def _repr_html_(self) -> str:
         """The plan in a notebook: its headline and notes, the candidates, and the decisions."""
-        head, *rest = str(self).split("\n\n", 1)[0].splitlines()
-        notes = [line for line in rest if line.strip().startswith("note:")]
-        cand = self.candidates
-        cols = [c for c in ("candidate", "predicted_us", "measured_us", "spread", "vs", "ratio", "ratio_low",
-                            "ratio_high", "repeats", "within_noise", "chosen") if c in cand]
-        return (header_html([head, *notes])
-                + table_html(cand, columns=cols, formats={"spread": "±{:.0%}".format},
-                             caption="Candidates: the whole model, timed end to end")
-                + table_html(self.decisions(), caption="Decisions per group of same-signature convolutions",
-                             max_rows=30, more="LayoutPlan.decisions()"))
+        return plan_html(**self._shown())
 
 
 def _given_format(inputs) -> str:
