@@ -94,10 +94,12 @@ def test_views_are_never_hotspots_and_ambiguous_never_losses(audits):
 
 
 def test_user_restore_counts_its_bytes(audits):
-    h = audits["user_restore"].hotspots()
-    restore = h[(h["kind"] == "restores") & (h["phase"] == "forward")]
+    ops = audits["user_restore"].ops()
+    restore = ops[(ops["kind"] == "restores") & (ops["phase"] == "forward")]
     assert len(restore) == 1 and restore["bytes"].iloc[0] == 2 * 8 * 8 * 8 * 4
     assert restore["to_format"].iloc[0] == "channels_last"
+    # it restores a copy the user pinned contiguous: made in any layout, counted apart
+    assert restore["layout_independent"].all() and not restore["hotspot"].any()
 
 
 def test_every_op_is_classified(audits):

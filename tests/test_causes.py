@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 import torchvision
+from aligned import hotspots_moving_in
 from kernels import assert_causes_follow_the_kernels, convs_that_lose
 from planted import CAUSE_MODELS, MODELS, absent_here, make, make_cause
 
@@ -403,3 +405,277 @@ def test_every_pattern_the_tracer_can_emit_is_complete():
     block = readme.split("| pattern | what happened | the one-line fix |\n| --- | --- | --- |\n", 1)[1].split("\n\n")[0]
     table = {m[0]: (m[1], m[2]) for m in re.findall(r"^\| `([a-z0-9_]+)` \| (.+?) \| (.+?) \|$", block, flags=re.M)}
     assert table == {p.name: (p.happened, p.remedy) for p in PATTERNS.values()}
+
+
+# -- conv and token hybrids: hotspots that are format problems, the same in every mode ----------
+
+
+def _trained_and_contiguous(cls, shape=(2, 3, 8, 8)) -> tuple[auditor.Audit, auditor.Audit]:
+    """Audits of one training step of ``cls()``, channels_last and all-contiguous."""
+    out = []
+    for fmt in (CL, torch.contiguous_format):
+        torch.manual_seed(0)
+        model = cls().to(memory_format=fmt)
+        x = torch.randn(*shape).contiguous(memory_format=fmt)
+        out.append(auditor.audit(model, x, record_source=True, record_time=False))
+    return out[0], out[1]
+
+
+def _lines(a, phase: str | None = "forward") -> set[tuple[str, str]]:
+    """(pattern, the line's text) of each cause of ``a`` (in ``phase``)."""
+    c = a.causes()
+    if phase:
+        c = c[c["phase"] == phase]
+    return {(p, _line(s)) for p, s in zip(c["pattern"], c["source"], strict=True)}
+
+
+def _forward_only(cls, mode, shape=(2, 3, 8, 8)) -> auditor.Audit:
+    torch.manual_seed(0)
+    model = cls().to(memory_format=CL)
+    x = torch.randn(*shape).contiguous(memory_format=CL)
+    with MODES[mode]():
+        return auditor.audit(model, x, backward=False, record_source=True, record_time=False)
+
+
+class NHWCGate(nn.Module):
+    """Tokens reshaped back to an NHWC map gate the NHWC view of an image: both operands in the
+    same physical order, the tokens' labelled as if H were their channels."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 8, 3, padding=1)
+        self.w = nn.Parameter(torch.randn(8, 8) / 8)
+        self.b = nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        y = self.a(x)
+        B, C, H, W = y.shape
+        gate = (y.flatten(2).transpose(1, 2) @ self.w).view(B, H, W, C)
+        return self.b((y.permute(0, 2, 3, 1) * gate).permute(0, 3, 1, 2))
+
+
+def test_a_peer_of_an_nhwc_view_is_judged_with_its_channels_last():
+    a, _ = _trained_and_contiguous(NHWCGate)
+    assert a.hotspots().empty and a.causes().empty
+    ops = a.ops()
+    assert set(ops.loc[ops["op"] == "aten.mul.Tensor", "kind"]) == {"preserves"}
+
+
+class NHWCLinear(nn.Module):
+    """A Linear over the channels of an NHWC view (view, addmm, view when decomposed; one
+    aten.linear under inference_mode), permuted back and copied contiguous."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 8, 3, padding=1)
+        self.fc = nn.Linear(8, 8)
+        self.b = nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        y = self.fc(self.a(x).permute(0, 2, 3, 1))
+        return self.b(y.permute(0, 3, 1, 2).contiguous())  # planted: the copy into contiguous
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_a_linear_over_the_channels_keeps_the_image_in_every_mode(mode):
+    a, _ = _trained_and_contiguous(NHWCLinear)
+    planted = {("explicit_copy", "return self.b(y.permute(0, 3, 1, 2).contiguous())  # planted: the copy into "
+                "contiguous")}
+    assert _lines(a) == planted
+    assert _lines(_forward_only(NHWCLinear, mode)) == planted
+    # the Linear's result, reshaped back from the rows addmm wrote, is the image, channels last
+    ops, facts, t = a.ops(), a.facts(), a.tensors
+    viewed = ops.index[(ops["op"] == "aten._unsafe_view.default") & (ops["phase"] == "forward")]
+    out = t.index[t["seq"].isin(viewed) & (t["role"] == "output")]
+    assert facts.loc[out, "image"].all() and set(facts.loc[out, "cdim"]) == {3}
+
+
+class SingleTileUnfold(nn.Module):
+    """MobileViT's unfold and fold of a map that is one patch, a LayerNorm over its tokens."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 8, 3, padding=1)
+        self.norm = nn.LayerNorm(8)
+        self.b = nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        y = self.a(x)
+        B, C, H, W = y.shape  # one H x W patch
+        t = y.reshape(B * C, 1, H, W).transpose(1, 2)
+        t = t.reshape(B, C, 1, H * W).transpose(1, 3).reshape(B * H * W, 1, C)
+        t = self.norm(t)
+        t = t.contiguous().view(B, H * W, 1, C).transpose(1, 3).reshape(B * C, 1, H, W)  # planted: fold
+        return self.b(t.transpose(1, 2).reshape(B, C, H, W))
+
+
+def test_the_tokens_of_a_single_patch_are_not_an_image():
+    """Viewed back as (B, C, N, P), the tokens of one patch have the strides of the image; their
+    copies happen in any layout, as those of many patches do."""
+    a, contiguous = _trained_and_contiguous(SingleTileUnfold)
+    assert not hotspots_moving_in(a, contiguous)
+    hot = a.hotspots()
+    assert not any("planted: fold" in _line(s) for s in hot.loc[hot["kind"] == "restores", "source"])
+    assert ("reshape_merge", "t = y.reshape(B * C, 1, H, W).transpose(1, 2)") in _lines(a)
+
+
+class HeadsMatmul(nn.Module):
+    """A product of a map with its transpose, batched over the channels (attention scores of
+    one head per channel): the batch dimensions a channels_last map cannot merge by a view."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 8, 3, padding=1)
+        self.b = nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        y = self.a(x)
+        attn = y @ y.transpose(-1, -2)  # planted: batched over the channels
+        return self.b(attn.softmax(-1))
+
+
+def test_a_matmul_under_inference_mode_is_classified_like_its_decomposition():
+    a, _ = _trained_and_contiguous(HeadsMatmul)
+    step = _lines(a)
+    assert ("reshape_merge", "attn = y @ y.transpose(-1, -2)  # planted: batched over the channels") in step
+    seen = _forward_only(HeadsMatmul, "inference_mode")
+    assert _lines(seen) == step
+    ops = seen.ops()
+    assert set(ops.loc[ops["op"] == "aten.matmul.default", "kind"]) == {"converts"}
+
+
+class MergingReshape(nn.Module):
+    """A 4-D to 4-D reshape that merges the batch with channel groups: a copy in channels_last."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 8, 3, padding=1)
+        self.b = nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        y = self.a(x)
+        B, C, H, W = y.shape
+        t = y.reshape(B * 2, C // 2, H, W)  # planted: merges B with channel groups
+        return self.b(torch.relu(t).reshape(B, C, H, W))
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_a_reshape_that_copies_is_a_reshape_merge_whatever_the_ranks(mode):
+    a, _ = _trained_and_contiguous(MergingReshape)
+    planted = ("reshape_merge", "t = y.reshape(B * 2, C // 2, H, W)  # planted: merges B with channel groups")
+    assert planted in _lines(a)
+    assert _lines(_forward_only(MergingReshape, mode)) == _lines(a)
+
+
+class TokensThroughDropout(nn.Module):
+    """Tokens written row-major, viewed as the map, through a dropout of probability 0 (which
+    returns the very tensor it is given when it reaches the recorder, under inference_mode)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 8, 3, padding=1)
+        self.w = nn.Parameter(torch.randn(8, 8) / 8)
+        self.drop = nn.Dropout(0.0)
+        self.b = nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        y = self.a(x)
+        B, C, H, W = y.shape
+        t = (self.w @ y.flatten(2)).view(B, C, H, W)  # planted: row-major tokens as the map
+        return self.b(self.drop(t))
+
+
+def test_an_op_that_returns_its_input_moves_no_data():
+    a, _ = _trained_and_contiguous(TokensThroughDropout)
+    planted = {("joins", "t = (self.w @ y.flatten(2)).view(B, C, H, W)  # planted: row-major tokens as the map")}
+    assert _lines(a) == planted
+    assert _lines(_forward_only(TokensThroughDropout, "inference_mode")) == planted
+
+
+class PaddedWindow(nn.Module):
+    """Window attention's padding of an NHWC view (it writes NHWC-contiguous whatever the model's
+    format), and a row-major attention output added to it: both layouts are the code's."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 8, 3, padding=1)
+        self.w = nn.Parameter(torch.randn(8, 8) / 8)
+        self.b = nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        y = self.a(x)
+        p = F.pad(y.permute(0, 2, 3, 1), (0, 0, 0, 2, 0, 2)).permute(0, 3, 1, 2)
+        B, C, H, W = p.shape
+        q = self.tokens((self.w @ p.flatten(2)).view(B, C, H, W))
+        return self.b(p + q)  # planted: the add
+
+    def tokens(self, q):
+        return q
+
+
+class PaddedWindowRolled(PaddedWindow):
+    """The same, the attention output rolled: an op whose layout policy the analyzer does not know."""
+
+    def tokens(self, q):
+        return torch.roll(q, 1, -1)
+
+
+def test_a_conversion_of_layouts_the_code_pins_is_layout_independent():
+    a, contiguous = _trained_and_contiguous(PaddedWindow)
+    ops = a.ops()
+    add = ops[(ops["op"] == "aten.add.Tensor") & (ops["phase"] == "forward")]
+    assert len(add) == 1 and add["kind"].iloc[0] == "converts"
+    assert add["layout_independent"].all() and not add["hotspot"].any() and (add["uncertain"] == "").all()
+    theirs = contiguous.ops()
+    assert set(theirs.loc[(theirs["op"] == "aten.add.Tensor") & (theirs["phase"] == "forward"), "kind"]) == {"converts"}
+    assert not hotspots_moving_in(a, contiguous)
+    assert "layout-independent copies" in a.report() and "uncertain" not in a.report()
+
+
+def test_a_layout_decided_by_an_assumed_policy_is_reported_uncertain():
+    a, _ = _trained_and_contiguous(PaddedWindowRolled)
+    ops = a.ops()
+    add = ops[(ops["op"] == "aten.add.Tensor") & (ops["phase"] == "forward")]
+    assert add["layout_independent"].all()
+    reason = "layout policy of aten.roll assumed to follow its inputs"
+    assert list(add["uncertain"]) == [reason]
+    assert (ops.loc[~ops["layout_independent"], "uncertain"] == "").all()
+    assert reason in a.report() and "uncertain: 1 of them" in a.report()
+    assert reason in a._repr_html_()
+
+
+class TokensMeetTheMap(nn.Module):
+    """Attention-like output (tokens written row-major, their transpose viewed as the map: channels
+    last in any layout) added to the map it came from, then copied contiguous. An elementwise
+    kernel orders its result as its first operand: tokens first, the sum is channels_last in
+    any layout and so is the copy's conversion; the map first, the sum follows the model's format."""
+
+    def __init__(self, tokens_first: bool = True):
+        super().__init__()
+        self.tokens_first = tokens_first
+        self.a = nn.Conv2d(3, 8, 3, padding=1)
+        self.w = nn.Parameter(torch.randn(8, 8) / 8)
+        self.b = nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        y = self.a(x)
+        B, C, H, W = y.shape
+        t = (y.flatten(2).transpose(1, 2) @ self.w).transpose(1, 2).view(B, C, H, W)
+        s = t + y if self.tokens_first else y + t
+        return self.b(s.contiguous())  # planted: the copy
+
+
+@pytest.mark.parametrize("tokens_first", [True, False])
+def test_an_elementwise_result_is_laid_out_as_its_first_operand(tokens_first):
+    a, contiguous = _trained_and_contiguous(lambda: TokensMeetTheMap(tokens_first))
+
+    def copies(audit):
+        ops = audit.ops()
+        return ops[(ops["op"] == "aten.clone.default") & ops["source"].map(lambda s: bool(s) and "planted: the copy" in _line(s))]
+
+    copy, theirs = copies(a), copies(contiguous)
+    assert list(copy["kind"]) == ["converts"]
+    assert list(theirs["kind"]) == (["converts"] if tokens_first else [])  # a no-op on a contiguous sum
+    assert bool(copy["layout_independent"].iloc[0]) == tokens_first
+    assert bool(copy["hotspot"].iloc[0]) != tokens_first
+    assert not hotspots_moving_in(a, contiguous)

@@ -122,3 +122,21 @@ def test_channels_are_followed_through_views(hw):
     assert _follow(x, x[:, 2:5]) == 1  # sliced along the channels
     assert _follow(x, x[:, :1]) == 1  # down to one channel
     assert _follow(x, x.expand(2, 8, *hw)) == 1
+
+
+@pytest.mark.parametrize("memory_format", [torch.channels_last, torch.contiguous_format])
+def test_a_view_that_retiles_the_image_holds_no_channels(memory_format):
+    """A same-rank view keeps the image only if each of its other dimensions steps through a
+    distinct dimension of the image (a permutation, a slice, a strided slice, an expand): one
+    that folds H and W into (tokens, pixels in a patch), or batch with channel groups, holds
+    tokens, however many patches the input size makes (one patch viewed back as (B, C, N, P)
+    has the strides of the image)."""
+    x = torch.randn(2, 8, 2, 2).contiguous(memory_format=memory_format)
+    assert _follow(x, x.view(2, 8, 2, 2)) == 1
+    assert _follow(x, x[:, :, ::2, :]) == 1  # strided slice
+    assert _follow(x, x.permute(0, 2, 3, 1)) == 3
+    if memory_format == torch.contiguous_format:
+        assert _follow(x, x.view(2, 8, 1, 4)) is None  # one 2 x 2 patch: (B, C, N = 1, P = 4)
+        assert _follow(x, x.view(4, 4, 2, 2)) is None  # batch merged with channel groups
+    halo = torch.randn(2, 8, 8, 8)  # one 8 x 8 block: (B * heads, dim, pixels, blocks) by strides
+    assert _follow(halo, halo.as_strided((2, 8, 64, 1), (512, 64, 1, 8))) is None

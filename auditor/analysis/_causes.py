@@ -49,6 +49,7 @@ class CauseTracer:
         self.forward_seq = ops["forward_seq"].to_numpy() if "forward_seq" in ops else np.full(len(ops), -1)
         self.weight_permuted = ops["weight_permuted"].to_numpy()
         self.copy = op_flags(ops["op"], rules.is_copy)
+        self.folds = op_flags(ops["op"], rules.folds)  # a conversion it makes is a reshape's copy
         self.image = facts["image"].to_numpy()
         self.cdim = facts["cdim"].to_numpy()
         self.rank = facts["rank"].to_numpy()
@@ -61,6 +62,7 @@ class CauseTracer:
         self.seq = t["seq"].to_numpy()
         self.is_out = (t["role"] == "output").to_numpy()
         self.is_view = t["is_view"].to_numpy()
+        self.tid = t["tid"].to_numpy()
         self.bounds = np.searchsorted(self.seq, np.arange(len(ops) + 1))
         self.coverage = coverage
         self._memo: dict[int, tuple[int, str]] = {}
@@ -105,14 +107,15 @@ class CauseTracer:
         blamed = [r for r in self._image_inputs(h) if self._off(self.effective[r] or self.label[r])]
         if self.is_conv[h] and self.weight_permuted[h] and not blamed:
             return self._weight_cause(h)
-        if self.copy[h] and not blamed and kind == rules.CONVERTS:
+        copies = self.copy[h] or self.folds[h]
+        if copies and not blamed and kind == rules.CONVERTS:
             return h, CONVERTS  # a copy into another format somebody asked for
         # an operand arrived off its format (a peer of an image's shape, for an op that loses):
         # blame whoever wrote it so
         found = self._upstream(blamed, seen)
         if found is not None:
             return found
-        return h, (CONVERTS if self.copy[h] and kind != rules.LOSES else LOSES)
+        return h, (CONVERTS if copies and kind != rules.LOSES else LOSES)
 
     def _upstream(self, rows: list[int], seen: set) -> tuple[int, str] | None:
         """The cause behind the first of ``rows`` whose data an op wrote off its format; one
@@ -151,11 +154,18 @@ class CauseTracer:
         return None
 
     def _aliases(self, p: int) -> bool:
-        """``p`` returned views of its input (of any rank, image or not): it moved no data."""
+        """``p`` returned views of its input (of any rank, image or not), or its inputs
+        themselves (a dropout of probability 0 under inference_mode returns the tensor it was
+        given): it moved no data."""
         if self.view.kind[p] == rules.VIEW:
             return True
         outs = [r for r in self._rows(p) if self.is_out[r]]
-        return bool(outs) and all(self.is_view[r] for r in outs)
+        if not outs:
+            return False
+        if all(self.is_view[r] for r in outs):
+            return True
+        ins = {int(self.tid[r]) for r in self._rows(p) if not self.is_out[r]}
+        return all(int(self.tid[r]) in ins for r in outs)
 
     def _weight_cause(self, h: int) -> tuple[int, str]:
         """A convolution permutes its weight: the op that rebuilt the weight in another format,
@@ -240,8 +250,7 @@ class CauseTracer:
         if kind == CONVERTS:
             if src >= 0 and self.ndim[src] == self.rank[src] + 1:
                 return patterns.CHANNEL_SHUFFLE.name
-            if any(self.view.kind[x] == rules.VIEW and self.ndim[self._output(x)] != self.ndim[self._output(c)]
-                   for x in self.graph.consumers.get(c, []) if self._output(x) >= 0):
+            if self._reshaped(c):
                 return patterns.RESHAPE_MERGE.name
             return patterns.EXPLICIT_COPY.name
         if kind == JOINS:
@@ -251,6 +260,20 @@ class CauseTracer:
         if src >= 0 and self.label[src].startswith("ambiguous"):
             return patterns.NC11_BROADCAST.name
         return patterns.NO_CL_KERNEL.name if self._kernel_missing(c) else patterns.LOSES.name
+
+    def _reshaped(self, c: int) -> bool:
+        """The copy ``c`` is a reshape's: an undecomposed reshape (or a matrix product folding
+        its operand) that had to copy, a copy that ``_unsafe_view`` consumes (only reshape's
+        decomposition makes one), or a copy viewed to another rank."""
+        if rules.folds(self.op[c]):
+            return True
+        for x in self.graph.consumers.get(c, []):
+            if rules.op_packet(self.op[x]) == "aten._unsafe_view":
+                return True
+            out = self._output(x)
+            if self.view.kind[x] == rules.VIEW and out >= 0 and self.ndim[out] != self.ndim[self._output(c)]:
+                return True
+        return False
 
     def _inplace_on_view(self, e: int) -> bool:
         """``e`` wrote, in place, a tensor that is a view of another."""

@@ -107,9 +107,10 @@ def total_lines(ops: pd.DataFrame, hot: pd.DataFrame, causes, complete: bool, er
     independent = ops[ops["layout_independent"]] if "layout_independent" in ops else ops.iloc[:0]
     if len(independent):
         lines.append(
-            f"  layout-independent copies (they happen in any layout; not hotspots): {len(independent)} ops, "
-            f"{format_bytes(independent['bytes'].sum())}"
+            f"  layout-independent copies and conversions (they happen in any layout; not hotspots): "
+            f"{len(independent)} ops, {format_bytes(independent['bytes'].sum())}"
         )
+        lines.extend(_uncertain_lines(independent))
     costly = ops["kind"].isin(rules.COSTLY_KINDS) & ~ops["hotspot"]
     if "layout_independent" in ops:
         costly &= ~ops["layout_independent"]
@@ -119,6 +120,21 @@ def total_lines(ops: pd.DataFrame, hot: pd.DataFrame, causes, complete: bool, er
             f"  not between two convolutions (not hotspots): {len(off_path)} ops, "
             f"{format_bytes(off_path['bytes'].sum())}"
         )
+    return lines
+
+
+def _uncertain_lines(independent: pd.DataFrame) -> list[str]:
+    """How many layout-independent ops were judged so under an assumption the log cannot check,
+    and which (``ops()["uncertain"]``)."""
+    if "uncertain" not in independent:
+        return []
+    reasons = independent["uncertain"].astype(str)
+    reasons = reasons[reasons != ""]
+    if not len(reasons):
+        return []
+    lines = [f"    uncertain: {len(reasons)} of them, only if these assumptions hold (Audit.ops()['uncertain']):"]
+    for reason, n in reasons.value_counts().items():
+        lines.append(f"      {n} ops: {reason}")
     return lines
 
 

@@ -205,7 +205,10 @@ def channel_dim(shape_in: tuple[int, ...], strides_in: tuple[int, ...], cdim: in
     them with H and W, a reduction over them).
 
     Same rank: a computed result keeps ``cdim`` (pooling, interpolation, a cat); a view keeps
-    the dimension whose stride is still the channels' (a slice, an expand, a permutation).
+    the dimension whose stride is still the channels' (a slice, an expand, a permutation), as
+    long as it re-tiles none of the image's other dimensions (:func:`_tiles_image`): a view
+    that folds H and W into (patches, pixels in a patch), or batch and channels into one
+    dimension, holds tokens, not an image, however many tiles the input size makes.
     One dimension more or less: a dimension inserted or removed beside the channels
     (unsqueeze, stack, a reduction over a stacked dimension), or the channels split into
     (groups, channels) or merged back, as a channel shuffle does.
@@ -216,15 +219,10 @@ def channel_dim(shape_in: tuple[int, ...], strides_in: tuple[int, ...], cdim: in
     if n_out == n_in:
         if not is_view or shape_in[cdim] == 1:
             return cdim
-        kept = strides_out[cdim] == strides_in[cdim]
-        if kept and (shape_out[cdim] == shape_in[cdim] or shape_out[cdim] > 1):
-            return cdim  # in place, or sliced along the channels
-        # the channels' stride and size elsewhere: moved by a permutation, even where a size-1
-        # dimension that took their place has their stride too (an N x C x 1 x 1 image's NHWC view)
-        moved = [d for d in range(n_out) if strides_out[d] == strides_in[cdim] and shape_out[d] == shape_in[cdim]]
-        if moved:
-            return moved[0]
-        return cdim if kept else None  # sliced down to one channel
+        found = _same_rank_view(shape_in, strides_in, cdim, shape_out, strides_out)
+        if found is None or not _tiles_image(shape_in, strides_in, cdim, shape_out, strides_out, found):
+            return None
+        return found
     if n_out == n_in + 1:
         for p in [p for p in range(n_out) if p != cdim] + [cdim]:  # prefer a dimension beside C
             if shape_out[:p] + shape_out[p + 1:] == shape_in:
@@ -247,3 +245,40 @@ def channel_dim(shape_in: tuple[int, ...], strides_in: tuple[int, ...], cdim: in
                 return d  # (groups, channels per group) merged back into the channels
         return None
     return None
+
+
+def _same_rank_view(shape_in, strides_in, cdim, shape_out, strides_out) -> int | None:
+    """Where a same-rank view of an image has its channels: the dimension with their stride."""
+    kept = strides_out[cdim] == strides_in[cdim]
+    if kept and (shape_out[cdim] == shape_in[cdim] or shape_out[cdim] > 1):
+        return cdim  # in place, or sliced along the channels
+    # the channels' stride and size elsewhere: moved by a permutation, even where a size-1
+    # dimension that took their place has their stride too (an N x C x 1 x 1 image's NHWC view)
+    moved = [d for d in range(len(shape_out)) if strides_out[d] == strides_in[cdim] and shape_out[d] == shape_in[cdim]]
+    if moved:
+        return moved[0]
+    return cdim if kept else None  # sliced down to one channel
+
+
+def _tiles_image(shape_in, strides_in, cdim_in, shape_out, strides_out, cdim_out) -> bool:
+    """Whether a same-rank view keeps the image's dimensions: every dimension of the view other
+    than the channels' (of size > 1, not broadcast) steps through a distinct non-channel
+    dimension of the image, with its stride or a multiple of it, and stays inside it (a
+    permutation, a slice, a strided slice, an expand). A view that folds H and W into
+    (patches, pixels) or batch and channel groups into one dimension does not."""
+    used = set()
+    for j in range(len(shape_out)):
+        if j == cdim_out or shape_out[j] == 1 or strides_out[j] == 0:
+            continue
+        # a dimension with the same stride first, then any whose stride divides it
+        candidates = sorted(range(len(shape_in)), key=lambda d: strides_in[d] != strides_out[j])
+        for d in candidates:
+            if d == cdim_in or d in used or shape_in[d] == 1 or strides_in[d] <= 0:
+                continue
+            step, rest = divmod(strides_out[j], strides_in[d])
+            if not rest and step > 0 and (shape_out[j] - 1) * step < shape_in[d]:
+                used.add(d)
+                break
+        else:
+            return False
+    return True
