@@ -370,9 +370,11 @@ class Fixes:
 
 
 def _audit(step: Step, warmup: int) -> Audit:
-    for _ in range(warmup):
-        step.run()
-    return record_step(step, record_source=True, record_time=True)
+    """The step audited as :func:`auditor.audit` would, after ``warmup`` steps."""
+    step.warm_up(warmup)
+    audited = record_step(step, record_source=True, record_time=True)
+    audited.warmup = warmup
+    return audited
 
 
 def _cause_keys(causes: pd.DataFrame) -> set[tuple]:
