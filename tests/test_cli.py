@@ -341,7 +341,8 @@ def test_fix_prints_and_writes_the_suggested_fixes(models_file, tmp_path, capsys
     assert "SoftmaxKeepFormat" in fixes and fixes.strip() in printed
     assert printed.index("Hotspots:") < printed.index(fixes.strip())  # after the report
     written = sorted(p.name for p in out.iterdir())
-    assert written == sorted(set(cli.OUTPUT_FILES) - {"verify.csv"})  # --force checks them all
+    # every file but those of --verify and --compile (--force checks them all)
+    assert written == sorted(set(cli.OUTPUT_FILES) - {"verify.csv", "conversions.csv", "graphs.csv", "compiled.csv"})
     assert "fixes.txt" not in (out / "report.txt").read_text()
 
 
@@ -511,3 +512,17 @@ def test_progress_on_a_terminal_is_a_bar():
     p.advance("y")
     p.close()
     assert off.getvalue() == ""
+
+
+def test_compile_adds_the_compiled_step_and_its_files(models_file, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    out = tmp_path / "out"
+    assert main([f"{models_file}:small", "--input", "1,3,8,8", "--compile", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "compiled" in printed.lower()
+    for name in ("conversions.csv", "graphs.csv", "compiled.csv"):
+        assert (out / name).exists(), name
+    graphs = pd.read_csv(out / "graphs.csv")
+    assert len(graphs) >= 2 and set(graphs["phase"]) >= {"forward", "backward"}
+    assert main([f"{models_file}:small", "--input", "1,3,8,8", "--compile", "--fake"]) == 2
+    assert "--compile" in _last_line(capsys.readouterr().err)

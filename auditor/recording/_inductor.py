@@ -58,6 +58,10 @@ class InductorRecorder:
                 stack.enter_context(T.inductor_config.patch({"cpp.enable_kernel_profile": True,
                                                              "profiler_mark_wrapper_call": True}))
             stack.enter_context(torch.compiler.config.patch(force_disable_caches=True))
+            # the caches are off on purpose (a cache hit skips the lowering this watches), and with
+            # them Dynamo's profile-guided recompiles, which it warns about once per process
+            stack.enter_context(warnings.catch_warnings())
+            warnings.filterwarnings("ignore", message="dynamo_pgo force disabled", category=UserWarning)
             if os.environ.get("TORCHINDUCTOR_FX_COMPILE_MODE", "").lower() not in ("", "normal"):
                 warnings.warn("TORCHINDUCTOR_FX_COMPILE_MODE lowers in another process, where a compiled audit "
                               "cannot see it", stacklevel=2)
