@@ -679,3 +679,27 @@ def test_an_elementwise_result_is_laid_out_as_its_first_operand(tokens_first):
     assert bool(copy["layout_independent"].iloc[0]) == tokens_first
     assert bool(copy["hotspot"].iloc[0]) != tokens_first
     assert not hotspots_moving_in(a, contiguous)
+
+
+@pytest.mark.parametrize("convert", ["to", "contiguous"])
+def test_converting_in_code_to_channels_last_chooses_the_format_it_does_not_pin_it(convert):
+    """A model and input converted inside the recorded code (a test under the pytest guard builds
+    them there) give the hotspots of the same model converted before: the conversion is how the
+    format under audit is chosen, so what follows it is no layout the code pins."""
+    def build():
+        torch.manual_seed(0)
+        model, x = MODELS["softmax"][0](), torch.randn(2, 3, 16, 16)
+        if convert == "to":
+            return model.to(memory_format=torch.channels_last), x.to(memory_format=torch.channels_last)
+        return model.to(memory_format=torch.channels_last), x.contiguous(memory_format=torch.channels_last)
+
+    model, x = build()
+    with auditor.FormatAuditor() as before:
+        model(x)
+    with auditor.FormatAuditor() as inside:
+        model, x = build()
+        model(x)
+    keys = ["phase", "module", "op", "kind"]
+    expected = sorted(before.audit.hotspots()[keys].values.tolist())
+    assert ["forward", "mid", "aten._softmax.default", "loses"] in expected
+    assert sorted(inside.audit.hotspots()[keys].values.tolist()) == expected

@@ -180,6 +180,8 @@ def _channels_last_like(shape: tuple[int, ...], strides: tuple[int, ...]) -> boo
 _POLICIES = (rules.LAYOUT_UNKNOWN, rules.LAYOUT_OWN, rules.LAYOUT_SUGGESTED, rules.LAYOUT_CONVOLUTION,
              rules.LAYOUT_FOLLOWS, rules.LAYOUT_STRIDED, rules.LAYOUT_ITERATOR)
 _UNKNOWN, _OWN, _SUGGESTED, _CONVOLUTION, _FOLLOWS, _STRIDED, _ITERATOR = range(len(_POLICIES))
+#: the requested memory formats that choose channels_last, the format an audit is about
+_CHANNELS_LAST_FORMATS = ("channels_last", "channels_last_3d")
 _MAIN_ARGS = ("self", "input", "grad_output", "src")
 
 
@@ -218,6 +220,9 @@ def layout_provenance(events: pd.DataFrame, tensors: pd.DataFrame, facts: pd.Dat
     * a source (nothing recorded made it: the model's input, parameters, buffers) of rank 4 or 5
       follows the format (``Module.to(memory_format=...)`` converts those) unless ambiguous
       (N×C×1×1: one physical order in both formats); any other is pinned;
+    * a copy the code asks for in channels_last (``.to(memory_format=...)``) of a tensor nothing
+      computed (a factory's result, a source) follows the format: converting the input and the
+      weights in code is how the format under audit is chosen;
     * a result of rank 0 or 1, and one of an op that writes its own order, is pinned;
     * a convolution's result is pinned when its input is pinned and channels_last-like (it
       computes channels_last then, whatever its weight is); its weight gradients are laid out
@@ -321,6 +326,19 @@ def layout_provenance(events: pd.DataFrame, tensors: pd.DataFrame, facts: pd.Dat
     strided_made = np.flatnonzero(strided & makes)
     cl, amb, _ = layouts(strided_made)
     seeds[tid[strided_made[cl & ~amb]]] = True
+    # a channels_last copy the code makes of a tensor nothing computed (a factory's, or a
+    # source) chooses the format under audit, as Module.to(memory_format=...) does for the
+    # sources when the model and its input are made inside the recording: it follows the format
+    if "requested_format" in events:
+        asks = events["requested_format"].isin(_CHANNELS_LAST_FORMATS).to_numpy()
+        copies = np.flatnonzero(makes & asks[seq] & (ndim >= 4))
+        copied = first_in[seq[copies]]
+        copies, copied = copies[copied >= 0], copied[copied >= 0]
+        factory_made = np.zeros(n_tid, dtype=bool)
+        by_factory = np.array([rules.is_factory(o) for o in ops], dtype=bool)[op_code]
+        factory_made[tid[makes & by_factory[seq]]] = True
+        uncomputed = factory_made[node[copied]] | ~made[node[copied]]
+        seeds[tid[copies[uncomputed]]] = True
     guessed = np.zeros(n_rows, dtype=bool)
     guessed[strided_made[~cl & ~amb]] = True
     strided_ambiguous = np.zeros(n_rows, dtype=bool)
