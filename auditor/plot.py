@@ -7,7 +7,7 @@ and no global figure state is touched. The data behind each figure is available 
 can be tested and reused.
 
 Numbers read as in the report: cells and bar ends through ``display.units``, axes and colourbars
-in engineering units (``802.8 kB``, ticks ``0 B`` … ``15 kB``, never a ``1e7`` offset). Each
+in engineering units (``802.8 kB``, ticks in one prefix, ``0 kB`` … ``15 kB``, never a ``1e7`` offset). Each
 figure is sized from the text it holds, so no label is clipped at any depth.
 """
 

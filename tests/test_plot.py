@@ -414,8 +414,8 @@ def test_every_label_fits_inside_the_figure(broken_densenet_audit, depth):
     assert all(t.get_text().split(" ")[0] in ("forward", "backward") for t in heat.get_xticklabels())
     rows = [t.get_text() for t in heat.get_yticklabels()]
     assert all(len(t) <= 28 for t in rows)
-    if depth == 3:
-        assert len(rows) >= 50 and "…denseblock1.denselayer2" in rows
+    if depth == 3:  # only the modules with hotspots get a row
+        assert set(rows) == {"…denseblock1.denselayer2", "…denseblock3.denselayer20"}
     timeline = figures["timeline"]
     names = {  # the modules holding the hotspots are named, even at the edges of the axis
         1: {"features"},

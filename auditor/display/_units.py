@@ -59,7 +59,7 @@ class Quantity:
 
 class _ScaledEngFormatter(EngFormatter):
     """``EngFormatter`` for data stored in a sub-unit (times are stored in µs, read in s), whose
-    zero tick reads in the unit of the other ticks (``0 ms``, ``20 ms``, not ``0 s``, ``20 ms``)."""
+    ticks read in one prefix (``0 ms``, ``20 ms``, not ``0 s``, ``20 ms``)."""
 
     def __init__(self, unit: str, scale: float = 1.0):
         super().__init__(unit=unit)
@@ -69,9 +69,18 @@ class _ScaledEngFormatter(EngFormatter):
         return super().format_data(value * self.scale)
 
     def format_ticks(self, values):
-        labels = super().format_ticks(values)
-        units = [label.rsplit(" ", 1)[-1] for v, label in zip(values, labels) if v != 0 and " " in label]
-        return [f"0 {units[-1]}" if v == 0 and units else label for v, label in zip(values, labels)]
+        """All ticks in one prefix, that of the largest tick shown (``0 ms``, ``0.5 ms``, ``1 ms``,
+        not ``0 s``, ``500 µs``, ``1 ms``): the locator's ticks run past the axis' ends, so only
+        those inside it choose."""
+        scaled = [v * self.scale for v in values]
+        lo, hi = sorted(self.axis.get_view_interval()) if self.axis is not None else (min(values), max(values))
+        span = max(abs(hi - lo), 1e-300)
+        shown = [abs(x) for v, x in zip(values, scaled) if x and lo - 1e-9 * span <= v <= hi + 1e-9 * span]
+        if not shown:
+            return super().format_ticks(values)
+        exp = min(max(int(math.floor(math.log10(max(shown)) / 3) * 3), min(self.ENG_PREFIXES)), max(self.ENG_PREFIXES))
+        unit = f"{self.ENG_PREFIXES[exp]}{self.unit}"
+        return [f"{x / 10 ** exp:.3g} {unit}" for x in scaled]
 
 
 #: The value kinds figures know, by name: ``bytes`` (permuted bytes), ``count`` (hotspot ops),
