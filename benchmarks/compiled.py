@@ -13,7 +13,8 @@ and which kernels, forward or backward).
 Then the step's time, compiled against eager: the model is compiled again (Dynamo reset) and
 warmed up outside the timed region, and both steps are timed in interleaved rounds at one
 thread, in process CPU time (``auditor.measure.time_interleaved``); ``compiled / eager`` is the
-median over rounds of the ratio within a round, with its distribution-free interval.
+median over rounds of the ratio within a round, with its distribution-free 98% interval
+(``auditor.measure.CONFIDENCE``).
 
 Compiles are slow on a small machine: keep the input small (the default, 2 x 3 x 64 x 64, lowers
 in about a minute per model on two cores). Inductor's cache goes to a fresh folder under /tmp
