@@ -16,8 +16,8 @@ thread, in process CPU time (``auditor.measure.time_interleaved``); ``compiled /
 median over rounds of the ratio within a round, with its distribution-free 98% interval
 (``auditor.measure.CONFIDENCE``).
 
-Compiles are slow on a small machine: keep the input small (the default, 2 x 3 x 64 x 64, lowers
-in about a minute per model on two cores). Inductor's cache goes to a fresh folder under /tmp
+Compiles are slow on a small machine: keep the input small (the default, 2 x 3 x 64 x 64, is audited and compiled
+in 1-4 minutes per model on two cores). Inductor's cache goes to a fresh folder under /tmp
 (``--cache-dir`` to choose one), so that every run lowers what it reports.
 """
 
@@ -102,6 +102,7 @@ def audit_row(spec: str, model, x) -> dict:
 def timing_row(model, x, rounds: int) -> dict:
     """The compiled step against the eager one, compiled and warmed up outside the timed rounds."""
     import torch
+
     from auditor.measure import time_interleaved
     params = list(model.parameters())
     torch.compiler.reset()
