@@ -2,8 +2,9 @@
 
     .venv/bin/python benchmarks/zoo_verify.py [--rounds 7] [--max-rounds 21] [--budget 20] [--models NAME ...]
 
-For each model of the zoo (tests/zoo_patches.py: timm, segmentation_models_pytorch, diffusers
-and torchvision models, random weights, train mode, channels_last, the zoo's small inputs): one
+For each model of the zoo and of its conv and token hybrids (tests/zoo_patches.py: timm,
+segmentation_models_pytorch, diffusers and torchvision models, random weights, train mode,
+channels_last, the zoo's small inputs): one
 audit (one warm-up step), ``auditor.suggest_fixes``, then ``Fixes.verify``, which applies each
 fix to a copy of the model (source edits in memory), re-audits it, compares outputs and
 gradients in float64, and times the training step against the original's in interleaved rounds
@@ -30,7 +31,7 @@ except ImportError:  # run from a checkout without the editable install
     sys.path.insert(0, str(ROOT))
     import auditor
 
-from zoo_patches import ZOO, library_path  # noqa: E402
+from zoo_patches import HYBRIDS, ZOO, library_path  # noqa: E402
 
 from auditor.display import format_us  # noqa: E402
 
@@ -78,7 +79,7 @@ def main(argv=None) -> int:
     p.add_argument("--models", nargs="*", help="zoo model names (default: all)")
     args = p.parse_args(argv)
     timing = {"rounds": args.rounds, "max_rounds": args.max_rounds, "budget_s": args.budget}
-    chosen = [z for z in ZOO if not args.models or z.name in args.models]
+    chosen = [z for z in ZOO + HYBRIDS if not args.models or z.name in args.models]
     rows = []
     for z in chosen:
         try:
@@ -93,10 +94,13 @@ def main(argv=None) -> int:
           f"budget {args.budget:g} s per verification")
     print(table.drop(columns=["reason"]).to_string(index=False))
     causes = table[table["kind"] != "all"]
-    auto = (causes["fix"] == "automatic").sum()
-    print(f"\n{auto} of {len(causes)} causes fixed automatically ({auto / max(len(causes), 1):.0%}); "
-          f"by hand: " + "; ".join(f"{r.model} {r.pattern}: {r.reason}" for r in causes.itertuples()
-                                    if r.fix == "by hand"))
+    hybrid = causes["model"].isin([z.name for z in HYBRIDS])
+    for name, part in (("the zoo", causes[~hybrid]), ("the conv and token hybrids", causes[hybrid]),
+                       ("both", causes)):
+        auto = int((part["fix"] == "automatic").sum())
+        print(f"{name}: {auto} of {len(part)} causes fixed automatically ({auto / max(len(part), 1):.0%})")
+    print("by hand:\n" + "\n".join(f"  {r.model} {r.pattern} at {r.source}: {r.reason}"
+                                     for r in causes.itertuples() if r.fix == "by hand"))
     return 0
 
 

@@ -299,8 +299,14 @@ class Fixes:
                     rows: list[dict]) -> tuple[dict, list[dict]]:
         """The row of every fix together, and one row per cause that only appears once they are
         made (whose own fixes are then made too, until no new cause appears, at most 3 times);
-        one fix alone, and nothing exposed, is its own row again (``rows``: the fixes' rows)."""
-        numbers = self._numbers(None)
+        one fix alone, and nothing exposed, is its own row again (``rows``: the fixes' rows).
+        "Together" is every fix that can be made: a fix by hand is left out, as the user would."""
+        numbers = [n for n in self._numbers(None) if self._row(n)["automatic"]]
+        if not numbers:
+            return {"kind": "all", "fix": 0, "cause": 0, "pattern": "", "source": "", "applied": False,
+                    "reason": "no fix can be made automatically", "verdict": verification.NOT_APPLIED,
+                    "hotspots_before": self._groups(self._numbers(None)), "hotspots_after": pd.NA,
+                    "estimated_us": self._estimate(self._numbers(None))}, []
         extra: list[tuple[Fixes, list[int]]] = []
         found: list[dict] = []
         known = _cause_keys(self.audit.causes()) if self.audit is not None else set()
@@ -328,7 +334,8 @@ class Fixes:
                 break
             extra.append((more, automatic))
         if len(numbers) == 1 and not extra:
-            return {**rows[0], "kind": "all", "fix": 0, "cause": 0, "pattern": "", "source": ""}, found
+            [alone] = [r for r in rows if r["fix"] == numbers[0]]
+            return {**alone, "kind": "all", "fix": 0, "cause": 0, "pattern": "", "source": ""}, found
         return self._verify_one(numbers, step, warmup, seed, timing, extra, kind="all"), found
 
     def _estimate(self, numbers: list[int]) -> float:
