@@ -99,7 +99,7 @@ def main(argv=None) -> int:
                        ("both", causes)):
         auto = int((part["fix"] == "automatic").sum())
         print(f"{name}: {auto} of {len(part)} causes fixed automatically ({auto / max(len(part), 1):.0%})")
-    print("by hand:\n" + "\n".join(f"  {r.model} {r.pattern} at {r.source}: {r.reason}"
+    print("by hand:\n" + "\n".join(f"  {r.model} {r.pattern} at {r.source}: {r.reason.removeprefix('by hand: ')}"
                                      for r in causes.itertuples() if r.fix == "by hand"))
     return 0
 
