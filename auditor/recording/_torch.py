@@ -57,8 +57,15 @@ class Missing:
 MISSING: dict[str, Missing] = {}
 
 
-def lookup(name: str):
-    """The object at the dotted ``name`` (a module, then attributes), or a :class:`Missing`."""
+#: feature -> the dotted names of the entry points it needs, in the order they were looked up
+FEATURES: dict[str, list[str]] = {}
+
+
+def lookup(name: str, feature: str | None = None):
+    """The object at the dotted ``name`` (a module, then attributes), or a :class:`Missing`;
+    with ``feature``, the name is listed among what that feature needs (:data:`FEATURES`)."""
+    if feature is not None:
+        FEATURES.setdefault(feature, []).append(name)
     parts = name.split(".")
     obj, i = None, len(parts)
     while i > 0:
@@ -77,10 +84,10 @@ def lookup(name: str):
     return obj
 
 
-def essential(name: str):
+def essential(name: str, feature: str | None = None):
     """The object at ``name``, which the package's classes are built on: without it nothing can
     be recorded, so its absence stops the import with a clear error."""
-    found = lookup(name)
+    found = lookup(name, feature)
     if isinstance(found, Missing):
         raise TorchInternalsError(_message(name, "the recorder is a subclass of it"))
     return found
@@ -94,54 +101,43 @@ def require(*names: str) -> None:
 
 
 # -- the recorder's hot path: autograd, the dispatch-mode stack, Dynamo's frame hook ----------------
-current_graph_task_id = lookup("torch._C._current_graph_task_id")
-current_autograd_node = lookup("torch._C._current_autograd_node")
-autograd_sequence_nr = lookup("torch._C._autograd._get_sequence_nr")
-set_eval_frame = lookup("torch._C._dynamo.eval_frame.set_eval_frame")
-len_dispatch_stack = lookup("torch._C._len_torch_dispatch_stack")
-dispatch_stack_at = lookup("torch._C._get_dispatch_stack_at")
-dispatch_has_kernel_for_dispatch_key = lookup("torch._C._dispatch_has_kernel_for_dispatch_key")
-OpOverload = lookup("torch._ops.OpOverload")
-TorchDispatchMode = essential("torch.utils._python_dispatch.TorchDispatchMode")
-current_dispatch_mode_stack = lookup("torch.utils._python_dispatch._get_current_dispatch_mode_stack")
-pop_mode = lookup("torch.utils._python_dispatch._pop_mode")
+current_graph_task_id = lookup("torch._C._current_graph_task_id", "recorder")
+current_autograd_node = lookup("torch._C._current_autograd_node", "recorder")
+autograd_sequence_nr = lookup("torch._C._autograd._get_sequence_nr", "recorder")
+set_eval_frame = lookup("torch._C._dynamo.eval_frame.set_eval_frame", "recorder")
+len_dispatch_stack = lookup("torch._C._len_torch_dispatch_stack", "recorder")
+dispatch_stack_at = lookup("torch._C._get_dispatch_stack_at", "recorder")
+dispatch_has_kernel_for_dispatch_key = lookup("torch._C._dispatch_has_kernel_for_dispatch_key", "recorder")
+OpOverload = lookup("torch._ops.OpOverload", "recorder")
+TorchDispatchMode = essential("torch.utils._python_dispatch.TorchDispatchMode", "recorder")
+current_dispatch_mode_stack = lookup("torch.utils._python_dispatch._get_current_dispatch_mode_stack", "recorder")
+pop_mode = lookup("torch.utils._python_dispatch._pop_mode", "recorder")
 #: marks a code object for Dynamo to skip (``set_code_exec_strategy``, ``_FrameExecStrategy``,
 #: ``_FrameAction``), which is what ``torch._dynamo.eval_frame.skip_code`` does
 eval_frame = lookup("torch._C._dynamo.eval_frame")
 
-RECORDER = (
-    "torch._C._current_graph_task_id", "torch._C._current_autograd_node", "torch._C._autograd._get_sequence_nr",
-    "torch._C._dynamo.eval_frame.set_eval_frame", "torch._C._len_torch_dispatch_stack",
-    "torch._C._get_dispatch_stack_at", "torch._C._dispatch_has_kernel_for_dispatch_key", "torch._ops.OpOverload",
-    "torch.utils._python_dispatch.TorchDispatchMode",
-    "torch.utils._python_dispatch._get_current_dispatch_mode_stack", "torch.utils._python_dispatch._pop_mode",
-)
+RECORDER = tuple(FEATURES["recorder"])
 
 # -- the profiler behind record_time ---------------------------------------------------------------
-ProfilerActivity = lookup("torch._C._profiler.ProfilerActivity")
-ProfilerConfig = lookup("torch._C._profiler.ProfilerConfig")
-ProfilerState = lookup("torch._C._profiler.ProfilerState")
-ExperimentalConfig = lookup("torch._C._profiler._ExperimentalConfig")
-TensorMetadata = lookup("torch._C._profiler._TensorMetadata")
-profiler_enabled = lookup("torch.autograd._profiler_enabled")
-prepare_profiler = lookup("torch.autograd._prepare_profiler")
-enable_profiler = lookup("torch.autograd._enable_profiler")
-disable_profiler = lookup("torch.autograd._disable_profiler")
+ProfilerActivity = lookup("torch._C._profiler.ProfilerActivity", "profiler")
+ProfilerConfig = lookup("torch._C._profiler.ProfilerConfig", "profiler")
+ProfilerState = lookup("torch._C._profiler.ProfilerState", "profiler")
+ExperimentalConfig = lookup("torch._C._profiler._ExperimentalConfig", "profiler")
+TensorMetadata = lookup("torch._C._profiler._TensorMetadata", "profiler")
+profiler_enabled = lookup("torch.autograd._profiler_enabled", "profiler")
+prepare_profiler = lookup("torch.autograd._prepare_profiler", "profiler")
+enable_profiler = lookup("torch.autograd._enable_profiler", "profiler")
+disable_profiler = lookup("torch.autograd._disable_profiler", "profiler")
 
-PROFILER = (
-    "torch._C._profiler.ProfilerActivity", "torch._C._profiler.ProfilerConfig", "torch._C._profiler.ProfilerState",
-    "torch._C._profiler._ExperimentalConfig", "torch._C._profiler._TensorMetadata", "torch.autograd._profiler_enabled",
-    "torch.autograd._prepare_profiler", "torch.autograd._enable_profiler", "torch.autograd._disable_profiler",
-)
+PROFILER = tuple(FEATURES["profiler"])
 
 # -- fake tensors, pytrees -------------------------------------------------------------------------
-FakeTensor = lookup("torch._subclasses.fake_tensor.FakeTensor")
-FakeTensorMode = lookup("torch._subclasses.fake_tensor.FakeTensorMode")
-foreach_supported_devices = lookup("torch.utils._foreach_utils._get_foreach_kernels_supported_devices")
+FakeTensor = lookup("torch._subclasses.fake_tensor.FakeTensor", "fake")
+FakeTensorMode = lookup("torch._subclasses.fake_tensor.FakeTensorMode", "fake")
+foreach_supported_devices = lookup("torch.utils._foreach_utils._get_foreach_kernels_supported_devices", "fake")
 pytree = lookup("torch.utils._pytree")
 
-FAKE = ("torch._subclasses.fake_tensor.FakeTensor", "torch._subclasses.fake_tensor.FakeTensorMode",
-        "torch.utils._foreach_utils._get_foreach_kernels_supported_devices")
+FAKE = tuple(FEATURES["fake"])
 
 
 def _has(obj, attr: str) -> bool:
@@ -215,29 +211,22 @@ def node_sequence_nr(node) -> int:
 # Inductor's internals change between releases more than the recorder's entry points do, so a
 # compiled audit also checks the version (:func:`require_inductor`): a table read through
 # internals that changed would be wrong, not missing.
-GraphLowering = lookup("torch._inductor.graph.GraphLowering")
-is_mkldnn_conv = lookup("torch._inductor.graph.is_mkldnn_conv")
-mkldnn_devices = lookup("torch._inductor.graph.SUPPORTED_MKLDNN_DEVICES")
-inductor_debug = lookup("torch._inductor.debug")
-inductor_config = lookup("torch._inductor.config")
-inductor_ir = lookup("torch._inductor.ir")
-KernelCallLine = lookup("torch._inductor.codegen.wrapper.KernelCallLine")
-ExternKernelSchedulerNode = lookup("torch._inductor.scheduler.ExternKernelSchedulerNode")
-NopKernelSchedulerNode = lookup("torch._inductor.scheduler.NopKernelSchedulerNode")
-inductor_V = lookup("torch._inductor.virtualized.V")
-CompileContext = lookup("torch._guards.CompileContext")
-dynamo_reset = lookup("torch._dynamo.reset")
-dynamo_counters = lookup("torch._dynamo.utils.counters")
-OptimizedModule = lookup("torch._dynamo.eval_frame.OptimizedModule")
+GraphLowering = lookup("torch._inductor.graph.GraphLowering", "inductor")
+is_mkldnn_conv = lookup("torch._inductor.graph.is_mkldnn_conv", "inductor")
+mkldnn_devices = lookup("torch._inductor.graph.SUPPORTED_MKLDNN_DEVICES", "inductor")
+inductor_debug = lookup("torch._inductor.debug", "inductor")
+inductor_config = lookup("torch._inductor.config", "inductor")
+inductor_ir = lookup("torch._inductor.ir", "inductor")
+KernelCallLine = lookup("torch._inductor.codegen.wrapper.KernelCallLine", "inductor")
+ExternKernelSchedulerNode = lookup("torch._inductor.scheduler.ExternKernelSchedulerNode", "inductor")
+NopKernelSchedulerNode = lookup("torch._inductor.scheduler.NopKernelSchedulerNode", "inductor")
+inductor_V = lookup("torch._inductor.virtualized.V", "inductor")
+CompileContext = lookup("torch._guards.CompileContext", "inductor")
+dynamo_reset = lookup("torch._dynamo.reset", "inductor")
+dynamo_counters = lookup("torch._dynamo.utils.counters", "inductor")
+OptimizedModule = lookup("torch._dynamo.eval_frame.OptimizedModule", "inductor")
 
-INDUCTOR = (
-    "torch._inductor.graph.GraphLowering", "torch._inductor.graph.is_mkldnn_conv",
-    "torch._inductor.graph.SUPPORTED_MKLDNN_DEVICES", "torch._inductor.debug", "torch._inductor.config",
-    "torch._inductor.ir", "torch._inductor.codegen.wrapper.KernelCallLine",
-    "torch._inductor.scheduler.ExternKernelSchedulerNode", "torch._inductor.scheduler.NopKernelSchedulerNode",
-    "torch._inductor.virtualized.V", "torch._guards.CompileContext", "torch._dynamo.reset",
-    "torch._dynamo.utils.counters", "torch._dynamo.eval_frame.OptimizedModule",
-)
+INDUCTOR = tuple(FEATURES["inductor"])
 
 #: Inductor functions and attributes a compiled audit wraps or reads, with the parameters each
 #: wrapped function must take: checked before compiling, so that a torch whose Inductor moved
