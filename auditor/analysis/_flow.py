@@ -35,12 +35,18 @@ def view_roots(tensors: pd.DataFrame, n_events: int) -> np.ndarray:
     views = np.flatnonzero(is_out & tensors["is_view"].to_numpy())
     base = first_in[seq[views]]
     ok = base >= 0
-    view_tid, base_tid = tid[views[ok]], tid[base[ok]]
-    keep = view_tid != base_tid
-    parent[view_tid[keep][::-1]] = base_tid[keep][::-1]
-    root = parent.copy()
+    return follow_links(len(parent), tid[views[ok]], tid[base[ok]])
+
+
+def follow_links(n: int, child: np.ndarray, parent: np.ndarray) -> np.ndarray:
+    """For each of ``n`` ids, the id its chain of links ``child -> parent`` ends at (the first
+    link of a child wins; a link to itself is none)."""
+    up = np.arange(n, dtype=np.int64)
+    keep = child != parent
+    up[child[keep][::-1]] = parent[keep][::-1]
+    root = up.copy()
     for _ in range(256):
-        nxt = parent[root]
+        nxt = up[root]
         if np.array_equal(nxt, root):
             break
         root = nxt

@@ -17,7 +17,7 @@ from ..recording import _rules as rules
 from ..recording._formats import AMBIGUOUS, VIEW_SUFFIX, base_format, format_label
 from ._activations import floating_rows, image_facts, op_flags, parse_tuple
 from ._classification import classify
-from ._flow import FlowGraph, reachable
+from ._flow import FlowGraph, follow_links, reachable
 
 HOTSPOT_KEYS = ["phase", "module", "op", "source", "kind"]
 
@@ -295,17 +295,10 @@ def layout_provenance(events: pd.DataFrame, tensors: pd.DataFrame, facts: pd.Dat
     strided = is_out & (policy == _STRIDED) & (ndim >= 4)
     follows_base = is_out & is_view & ~strided & ~inplace
     first_in = _first_row(seq, ~is_out, n)
-    parent = np.arange(n_tid, dtype=np.int64)
     views = np.flatnonzero(follows_base)
     base = first_in[seq[views]]
-    ok = (base >= 0) & (tid[views] != tid[np.maximum(base, 0)])
-    parent[tid[views[ok]][::-1]] = tid[base[ok]][::-1]
-    root = parent.copy()
-    for _ in range(256):
-        nxt = parent[root]
-        if np.array_equal(nxt, root):
-            break
-        root = nxt
+    ok = base >= 0
+    root = follow_links(n_tid, tid[views[ok]], tid[base[ok]])
     node = root[tid]  # per row, the tensor whose provenance it has
     makes = is_out & ~inplace & ~follows_base
 
