@@ -11,17 +11,16 @@ and still cost less than this machine's noise.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from .._step import Step
-from ..measure import MIN_ROUNDS, Rounds, default_clock, median_interval, ratios
+from ..measure import MIN_ROUNDS, Rounds, default_clock, median_interval, ratios, torch_threads
 from ..recording._torch import pytree
 
 #: Largest difference allowed between a fixed step's values and the original's, relative to the
@@ -36,18 +35,6 @@ TOLERANCE = {torch.float64: 1e-6, torch.float32: 1e-3, torch.float16: 5e-2, torc
 #: The verdicts of a verified fix.
 HELPS, WITHIN_NOISE, HURTS, CHANGES_OUTPUTS, NOT_APPLIED = (
     "helps", "within noise", "hurts", "changes outputs", "not applied")
-
-
-@contextlib.contextmanager
-def one_thread() -> Iterator[None]:
-    """torch at one thread for the block: times in process CPU time are then the work done,
-    whatever else the machine runs (:func:`auditor.measure.default_clock`)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def parameter_names(model) -> dict[int, str]:
@@ -158,7 +145,7 @@ def measure_saving(before: Callable[[], object], after: Callable[[], object], *,
     """Time ``before`` and ``after`` in interleaved rounds at one thread (process CPU time on a
     CPU): ``rounds`` first, then as many more at a time while the interval of the median ratio
     straddles 1, until ``max_rounds`` or ``budget_s`` seconds."""
-    with one_thread():
+    with torch_threads(1):
         clock = default_clock(device)
         start = time.perf_counter()
         taken = Rounds({"before": before, "after": after}, device=device).run(rounds)
