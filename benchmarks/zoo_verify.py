@@ -63,6 +63,7 @@ def model_rows(z, timing: dict) -> list[dict]:
             "fix": ("automatic" if automatic.get(r["fix"], True) else "by hand") if r["kind"] != "all" else "",
             "hotspots": f"{r['hotspots_before']} -> {r['hotspots_after']}" if r["applied"] else f"{r['hotspots_before']}",
             "same_outputs": r["same_outputs"] if r["applied"] else "-",
+            "rel_diff": f"{r['max_rel_diff']:.0e}" if r["applied"] and pd.notna(r["max_rel_diff"]) else "-",
             "estimated": format_us(r["estimated_us"]) if pd.notna(r["estimated_us"]) else "-",
             "measured": _saving(r), "ratio": f"{r['ratio']:.3f}" if pd.notna(r["ratio"]) else "-",
             "rounds": int(r["rounds"]) if pd.notna(r["rounds"]) else 0, "verdict": r["verdict"],
