@@ -608,3 +608,19 @@ def test_dynamo_skip_mark_reports_failure_instead_of_raising():
 
     assert recorder._SKIPPED_BY_DYNAMO  # torch 2.14: the mark is set, no per-op wrapper
     assert not recorder._skip_in_dynamo(object())  # not a code object: the wrapper would stay
+
+
+def test_an_error_reading_an_op_is_raised_as_it_is(monkeypatch):
+    """The recorder's own failure reaches the user unchanged, even while a compiled function
+    runs (when the dispatch gives Dynamo's frame hook back on the way out)."""
+    from auditor.recording import _mode
+
+    def broken(func):
+        raise RuntimeError(f"cannot read {func}")
+
+    monkeypatch.setattr(_mode, "_OP_INFO", {})
+    monkeypatch.setattr(_mode, "_op_info", broken)
+    monkeypatch.setattr(_mode, "_set_eval_frame", lambda hook: "compiled frame hook" if hook is None else None)
+    with pytest.raises(RuntimeError, match="cannot read aten"):
+        with auditor.FormatAuditor(record_source=False, record_time=False):
+            torch.ones(2) + 1

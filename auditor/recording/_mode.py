@@ -262,11 +262,11 @@ class RecorderMode(TorchDispatchMode):
     # so a new tensor at a dead one's address (a reused ``id()``) gets a reference of its own.
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         prior = _set_eval_frame(None)  # keep Dynamo out of the recorder (see _should_skip_dynamo)
+        seq = len(self.events)  # before anything that can raise: the finally reads it
         try:
             info = _OP_INFO.get(id(func))  # op_info(func), inlined
             if info is None or info.func is not func:
                 info = _op_info(func)
-            seq = len(self.events)
             tensors = self.tensors
             first = len(tensors)
             ext, layout, count = self._extend, self._layout, self._count
