@@ -4,7 +4,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+OLDEST := .venv-oldest
+OLDEST_PY := $(OLDEST)/bin/python
+
+.PHONY: demo test test-oldest lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,6 +23,19 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 
+# The non-slow suite on the oldest releases pyproject.toml declares (.ci/oldest.txt), in a
+# second environment, so the floors are tested, not only written down.
+$(OLDEST)/.installed: pyproject.toml .ci/oldest.txt
+	test -x $(OLDEST_PY) || $(PYTHON) -m venv $(OLDEST)
+	@echo "Installing format-auditor on the oldest releases into $(OLDEST) (log: $(OLDEST)/pip.log)"
+	$(OLDEST_PY) -m pip install -c .ci/oldest.txt -e ".[dev,zoo]" > $(OLDEST)/pip.log 2>&1 || \
+	  (grep -v "is ignored: it is neither" $(OLDEST)/pip.log | tail -40; exit 1)
+	$(OLDEST_PY) -c "import auditor, torch, torchvision; print('oldest: torch', torch.__version__)"
+	touch $(OLDEST)/.installed
+
+test-oldest: $(OLDEST)/.installed
+	$(OLDEST_PY) -m pytest -q -m "not slow" -p no:cacheprovider
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
@@ -33,4 +49,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/savings.py
 
 clean:
-	rm -rf $(VENV) audit_out .pytest_cache
+	rm -rf $(VENV) $(OLDEST) audit_out .pytest_cache

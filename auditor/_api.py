@@ -10,7 +10,7 @@ from ._fake import fake_audit
 from ._result import Audit
 from ._session import record_compiled_step, record_step
 from ._step import Step
-from .recording._torch import OptimizedModule, original_module
+from .recording._torch import is_compiled_module, original_module
 
 
 def audit(
@@ -88,7 +88,7 @@ def audit(
 
 def is_compiled(model) -> bool:
     """Whether ``model`` is a module ``torch.compile`` wrapped."""
-    return isinstance(model, OptimizedModule)
+    return is_compiled_module(model)
 
 
 def _compiled_audit(step: Step, compile_options, *, record_time: bool, strict: bool, record_source: bool,

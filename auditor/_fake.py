@@ -26,7 +26,6 @@ from ._result import Audit
 from ._session import FormatAuditor
 from ._step import Step, default_loss, loss_to_backward
 from .recording._torch import (
-    FAKE,
     FakeTensor,
     FakeTensorMode,
     TorchDispatchMode,
@@ -223,7 +222,7 @@ def fake_audit(step: Step, *, device=None, dtype=None, strict: bool = False, rec
 
     # constants that are plain tensor attributes of a module become fake constants; a plain
     # function gets no such leniency, since a real tensor it captured could be a real parameter
-    require(*FAKE)
+    require("fake")
     mode = FakeTensorMode(allow_non_fake_inputs=is_module)
     faker = _Faker(mode, target, dtype)
     fake_state = {n: faker(p, param=True) for n, p in params.items()}

@@ -14,7 +14,13 @@ from ._step import Step
 from .recording._mode import RecorderMode
 from .recording._modules import ForwardModuleTracker
 from .recording._profile import ProfileSession
-from .recording._torch import current_dispatch_mode_stack, pop_mode, require_recorder
+from .recording._torch import (
+    current_dispatch_mode_stack,
+    pop_mode,
+    profiler_records_mode_calls,
+    require_profiler,
+    require_recorder,
+)
 
 
 class FormatAuditor:
@@ -67,6 +73,8 @@ class FormatAuditor:
         if self._state == "recording":
             raise RuntimeError("this FormatAuditor is already recording: nest a new FormatAuditor instead")
         require_recorder()  # a torch without the private entry points says so before anything starts
+        if self.record_time and self.profile:
+            require_profiler()
         self._audit = None
         self._tracker = tracker = ForwardModuleTracker()
         self._mode = mode = RecorderMode(
@@ -89,6 +97,10 @@ class FormatAuditor:
             self._hooks.append(register_optimizer_step_post_hook(post))
             tracker.__enter__()
             if self.record_time and self.profile:
+                if not profiler_records_mode_calls():
+                    from .recording._torch import RecordFunctionFast
+
+                    mode.mark = RecordFunctionFast
                 self._profile = ProfileSession(record_shapes=True)
                 self._profile.start()  # before the mode, so its own records are inside
             mode.__enter__()
@@ -184,10 +196,10 @@ def record_compiled_step(step: Step, compile_options: dict | None = None, record
 
     from .analysis._compiled import CompiledStep
     from .recording._inductor import record_compiled
-    from .recording._torch import OptimizedModule
+    from .recording._torch import is_compiled_module
 
     model = step.model
-    compiled = model if isinstance(model, OptimizedModule) else torch.compile(model, **(compile_options or {}))
+    compiled = model if is_compiled_module(model) else torch.compile(model, **(compile_options or {}))
     run = step.replace(model=compiled)
     leaves = [p for p in compiled.parameters() if p.requires_grad] if isinstance(compiled, torch.nn.Module) else []
     leaves += [t for t in (*step.inputs, *step.kwargs.values()) if isinstance(t, torch.Tensor) and t.requires_grad]

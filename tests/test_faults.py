@@ -1235,3 +1235,32 @@ def test_a_missing_private_entry_point_is_named_with_the_torch_version(monkeypat
     monkeypatch.setitem(_torch.ATTRIBUTES, "Tensor._is_view", False)
     with pytest.raises(_torch.TorchInternalsError, match="Tensor._is_view"):
         _torch.require_recorder()
+
+
+def test_a_torch_without_the_reduction_tag_finds_reductions_by_their_schema(monkeypatch):
+    from auditor.recording import _torch
+
+    aten = torch.ops.aten
+    reductions = [aten.sum.dim_IntList, aten.mean.dim, aten.amax.default, aten.var.correction, aten.argmax.default]
+    others = [aten.add.Tensor, aten.convolution.default, aten.sum_.default if hasattr(aten, "sum_") else aten.mul.Tensor,
+              aten.cat.default, aten.softmax.int]
+    tagged = [_torch.is_reduction(f) for f in reductions + others]
+    monkeypatch.setattr(_torch, "_TAG_REDUCTION", None)
+    by_schema = [_torch.is_reduction(f) for f in reductions + others]
+    assert by_schema == [True] * len(reductions) + [False] * len(others)
+    if getattr(torch.Tag, "reduction", None) is not None:
+        assert tagged == by_schema
+
+
+def test_a_lazy_entry_point_is_looked_up_once_and_a_missing_one_names_its_feature(monkeypatch):
+    from auditor.recording import _torch
+
+    assert _torch.GraphLowering is _torch.GraphLowering  # kept after the first read
+    monkeypatch.setitem(_torch.ENTRIES["inductor"], "no_such_pass", "torch._inductor.no_such_pass")
+    monkeypatch.setitem(_torch._WHERE, "no_such_pass", ("inductor", "torch._inductor.no_such_pass"))
+    monkeypatch.setitem(_torch.FEATURES, "inductor", (*_torch.FEATURES["inductor"], "torch._inductor.no_such_pass"))
+    monkeypatch.delitem(_torch.MISSING, "torch._inductor.no_such_pass", raising=False)
+    with pytest.raises(_torch.TorchInternalsError, match=r"compiled audits .*need torch\._inductor\.no_such_pass, "
+                                                         rf"which torch {re.escape(torch.__version__)} does not have"):
+        _torch.require("inductor")
+    monkeypatch.delattr(_torch, "no_such_pass", raising=False)

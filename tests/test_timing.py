@@ -93,6 +93,23 @@ def test_copies_inside_kernels_are_hidden_conversions(softmax_timed):
     assert start <= row["start_us"] <= start + softmax_timed.events.at[int(row["seq"]), "time_us"]
 
 
+def test_a_torch_whose_profiler_does_not_record_mode_calls_times_every_op_alike(monkeypatch, softmax_timed):
+    """Where the profiler makes no record of each call of a dispatch mode (torch before 2.10),
+    the recorder makes it: every op is timed and the copies inside kernels are found, as with
+    torch's own record (here both nest, which the join reads through)."""
+    from auditor import _session
+
+    monkeypatch.setattr(_session, "profiler_records_mode_calls", lambda: False)
+    model, x = make("softmax")
+    marked = auditor.audit(model, x, warmup=1)
+    ev = marked.events
+    assert ev["time_us"].notna().all() and (ev["time_us"] >= 0).all()
+    assert ev["start_us"].is_monotonic_increasing
+    assert list(ev["op"]) == list(softmax_timed.events["op"])
+    columns = ["seq", "via", "arg", "kind", "from_format", "to_format", "bytes"]
+    assert marked.hidden[columns].equals(softmax_timed.hidden[columns])
+
+
 def test_a_weight_in_the_other_format_is_copied_inside_the_convolution():
     torch.manual_seed(0)
     conv = nn.Conv2d(8, 8, 3, padding=1).to(memory_format=CL)

@@ -15,6 +15,7 @@ import torch
 
 from ..recording import _rules as rules
 from ..recording._formats import AMBIGUOUS, VIEW_SUFFIX, base_format, format_label
+from ..recording._torch import is_reduction
 from ._activations import floating_rows, image_facts, op_flags, parse_tuple
 from ._classification import classify
 from ._flow import FlowGraph, follow_links, reachable
@@ -161,10 +162,11 @@ def _policy(op: str, requested: str) -> str:
     name, _, overload = rest.partition(".")
     try:
         packet = getattr(getattr(torch.ops, namespace), name)
-        tags = getattr(packet, overload or "default").tags
+        func = getattr(packet, overload or "default")
+        tags = func.tags
     except (AttributeError, RuntimeError):
         return policy
-    return rules.LAYOUT_ITERATOR if torch.Tag.pointwise in tags or torch.Tag.reduction in tags else policy
+    return rules.LAYOUT_ITERATOR if torch.Tag.pointwise in tags or is_reduction(func) else policy
 
 
 def _channels_last_like(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:

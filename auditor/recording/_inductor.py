@@ -201,7 +201,7 @@ def record_compiled(run, *, time: bool = True, warmup: int = 1, rounds: int = 3)
         if recorder.failures:
             raise T.TorchInternalsError(
                 f"reading Inductor's lowered graph failed on torch {torch.__version__} (auditor is tested on "
-                f"{', '.join(T.TESTED)}): {recorder.failures[0]}")
+                f"{T.INDUCTOR_SINCE} to {T.TESTED[1]}): {recorder.failures[0]}")
         if not recorder.graphs:
             why = _no_graph_reason()
             raise CompileError("torch.compile lowered no graph with Inductor (is the backend 'inductor'?)"

@@ -32,6 +32,7 @@ from ._formats import format_label, has_strides, nbytes
 from ._modules import GLOBAL_LABEL, ForwardModuleTracker, module_names
 from ._profile import join
 from ._torch import (
+    MODE_RECORD,
     OP_CALL_FORWARDS,
     OpOverload,
     TorchDispatchMode,
@@ -130,13 +131,15 @@ def _op_info(func) -> _OpInfo:
         views = (True,) * max(1, len(schema.returns))
     list_return = len(schema.returns) == 1 and str(schema.returns[0].type) == "List[Tensor]"
     tensor_args = tuple(i for i, a in enumerate(schema.arguments) if "Tensor" in str(a.type))
-    # An in-place pointwise op cannot resize or restride its argument (it returns it), and
-    # detach and alias copy its sizes, strides and offset: their result needs no reading.
-    keeps_layout = len(schema.returns) == 1 and str(schema.arguments[0].type) == "Tensor" and (
-        str(func) in _SAME_LAYOUT or {torch.Tag.inplace, torch.Tag.pointwise} <= set(func.tags)
-    )
     first = schema.arguments[0] if schema.arguments else None
     inplace = first is not None and first.alias_info is not None and first.alias_info.is_write
+    # An in-place pointwise op cannot resize or restride its argument (it returns it), and
+    # detach and alias copy its sizes, strides and offset: their result needs no reading.
+    returns_first = len(schema.returns) == 1 and schema.returns[0].alias_info is not None and \
+        schema.returns[0].alias_info.is_write
+    keeps_layout = len(schema.returns) == 1 and str(schema.arguments[0].type) == "Tensor" and (
+        str(func) in _SAME_LAYOUT or (inplace and returns_first and torch.Tag.pointwise in func.tags)
+    )
     # Composite ops reach a mode undecomposed under inference_mode; those whose schema says
     # "alias" (reshape, contiguous, flatten, to) may return a copy instead, checked per call.
     maybe_alias = any(views) and dispatch_has_kernel_for_dispatch_key(
@@ -213,6 +216,9 @@ class RecorderMode(TorchDispatchMode):
         self.facts = FactsReplay() if strict else None  # the data flow's facts, replayed online for strict
         self.record_source = record_source
         self.record_time = record_time
+        #: with a profiler beside it, a profiler record to make around each call of an op
+        #: (``RecordFunctionFast``), where torch's own does not record the calls of a mode
+        self.mark = None
         # (func, phase, (module, source), memory_format, ns, forward seq of a backward op's
         # node or -1, whether a maybe-alias op returned a copy)
         self.events: list[tuple] = []
@@ -307,7 +313,11 @@ class RecorderMode(TorchDispatchMode):
                 if self.record_time:
                     cpu = _process_time_ns()
                     start = _perf_counter_ns()
-                    out = call(*args, **kwargs) if kwargs else call(*args)
+                    if self.mark is None:
+                        out = call(*args, **kwargs) if kwargs else call(*args)
+                    else:  # the profiler's record of this call, where torch makes none
+                        with self.mark(MODE_RECORD):
+                            out = call(*args, **kwargs) if kwargs else call(*args)
                     duration = _perf_counter_ns() - start
                     self.cpu_ns.append(_process_time_ns() - cpu)
                 else:

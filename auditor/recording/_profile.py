@@ -1,8 +1,9 @@
 """Kernel times and hidden conversions from torch's profiler, joined to the recorded ops.
 
 While a timed recording runs, torch's profiler runs beside the dispatch mode. Each call of the
-mode is wrapped in a ``PythonDispatchMode`` profiler record whose first child is the recorder's
-own call of the op: the op's kernels without the mode's Python, which is what ``time_us`` is.
+mode is wrapped in a ``PythonDispatchMode`` profiler record (torch's own, or where torch makes
+none, the recorder's around its call of the op) whose first child is the recorder's own call of
+the op: the op's kernels without the mode's Python, which is what ``time_us`` is.
 Mode calls never nest, so those inner records, in start order, are the recorded ops in order
 (autograd's saved-variable ``detach`` reaches the mode without a record: its own ``aten::detach``
 record stands in). The ``aten::copy_`` records below an op's inner record are the data it moved
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 
 from ._formats import VIEW_SUFFIX, format_label, nbytes
 from ._torch import (
+    MODE_RECORD,
     ExperimentalConfig,
     ProfilerActivity,
     ProfilerConfig,
@@ -169,8 +171,10 @@ def _mode_calls(roots) -> list[tuple[str, object, object]]:
     while stack:
         e = stack.pop()
         kids = e.children
-        if e.name == "PythonDispatchMode":
+        if e.name == MODE_RECORD:
             inner = kids[0] if kids else None
+            while inner is not None and inner.name == MODE_RECORD:  # torch's record, then the recorder's
+                inner = inner.children[0] if inner.children else None
             out.append((inner.name if inner is not None else "", inner, e.parent))
             continue
         if e.name == "aten::detach" and kids and kids[0].name == "detach" and not kids[0].children:

@@ -1,13 +1,15 @@
-"""Every private torch entry point the package uses, in one place, each one feature-detected.
+"""Every private torch entry point and behaviour the package uses, in one place, each one
+feature-detected.
 
 torch changes its private names between releases without notice, so none is used anywhere
 else: the recorder, the profiler join, fake audits, the fixes and compiled audits take them from
-here. Each is looked up once, when the package is imported. One that this torch lacks does not
-stop the import: it becomes a stand-in that raises :class:`TorchInternalsError`, naming the
-entry point, this torch's version and the versions the package is tested on, at its first use;
-:func:`require` checks a feature's entry points up front, so a recording fails before it
-starts rather than halfway. ``tests/test_layout.py`` checks that no other module names a
-private torch module or function.
+here. Each is looked up when a feature first needs it (:func:`require`, or the first read of its
+name here), not at import: Inductor's and Dynamo's modules cost seconds to import, and an audit
+needs neither. One that this torch lacks becomes a stand-in that raises
+:class:`TorchInternalsError`, naming the feature, the entry point, this torch's version and the
+releases the package is tested on; the features check theirs up front, so a recording fails
+before it starts rather than halfway. ``tests/test_layout.py`` checks that no other module names
+a private torch module or function.
 
 Private *attributes* of torch's objects are read where they are needed, some on the hot path
 (one call per aten op), and are checked here instead (:data:`ATTRIBUTES`).
@@ -15,57 +17,64 @@ Private *attributes* of torch's objects are read where they are needed, some on 
 
 from __future__ import annotations
 
+import functools
 import importlib
+import sys
 
 import torch
 
-#: torch releases the test suite runs on (``pyproject.toml`` declares the same range).
-TESTED = ("2.14", "2.15")
+#: The oldest and newest torch releases the test suite runs on; ``pyproject.toml`` declares the
+#: same range, and CI tests both ends.
+TESTED = ("2.8", "2.15")
 
 
 class TorchInternalsError(RuntimeError):
-    """A private torch entry point the package needs is missing from this torch."""
+    """A private torch entry point or behaviour the package needs is missing from this torch."""
 
 
-def _message(name: str, why: str) -> str:
-    return (f"auditor needs {name}, which torch {torch.__version__} does not have ({why}); auditor is "
-            f"tested on torch {', '.join(TESTED)}")
+def _tested() -> str:
+    return f"auditor is tested on torch {TESTED[0]} to {TESTED[1]}"
+
+
+def _message(name: str, why: str, feature: str | None = None) -> str:
+    needs = f"{FEATURE_NAMES.get(feature, feature)} need" if feature else "auditor needs"
+    return f"{needs} {name}, which torch {torch.__version__} does not have ({why}); {_tested()}"
+
+
+#: feature -> what the user calls it, for the messages
+FEATURE_NAMES = {
+    "recorder": "recordings", "profiler": "timed audits", "fake": "fake audits",
+    "inductor": "compiled audits (compile=True)",
+}
 
 
 class Missing:
     """Stands in for an entry point this torch lacks: false, and raises when used."""
 
-    def __init__(self, name: str, why: str):
-        self._name, self._why = name, why
+    def __init__(self, name: str, why: str, feature: str | None = None):
+        self._name, self._why, self._feature = name, why, feature
 
     def __bool__(self) -> bool:
         return False
 
     def __call__(self, *args, **kwargs):
-        raise TorchInternalsError(_message(self._name, self._why))
+        raise TorchInternalsError(_message(self._name, self._why, self._feature))
 
     def __getattr__(self, attr: str):
         if attr.startswith("__"):
             raise AttributeError(attr)
-        raise TorchInternalsError(_message(self._name, self._why))
+        raise TorchInternalsError(_message(self._name, self._why, self._feature))
 
     def __repr__(self) -> str:
         return f"<missing {self._name}>"
 
 
-#: dotted name -> its stand-in, for every entry point this torch lacks
+#: dotted name -> its stand-in, for every entry point looked up so far that this torch lacks
 MISSING: dict[str, Missing] = {}
 
 
-#: feature -> the dotted names of the entry points it needs, in the order they were looked up
-FEATURES: dict[str, list[str]] = {}
-
-
 def lookup(name: str, feature: str | None = None):
-    """The object at the dotted ``name`` (a module, then attributes), or a :class:`Missing`;
-    with ``feature``, the name is listed among what that feature needs (:data:`FEATURES`)."""
-    if feature is not None:
-        FEATURES.setdefault(feature, []).append(name)
+    """The object at the dotted ``name`` (a module, then attributes), or a :class:`Missing`."""
     parts = name.split(".")
     obj, i = None, len(parts)
     while i > 0:
@@ -80,64 +89,99 @@ def lookup(name: str, feature: str | None = None):
         for attr in parts[i:]:
             obj = getattr(obj, attr)
     except AttributeError as exc:
-        MISSING[name] = obj = Missing(name, f"no attribute {exc.args[0] if exc.args else '?'}")
+        MISSING[name] = obj = Missing(name, f"no attribute {exc.args[0] if exc.args else '?'}", feature)
     return obj
 
 
-def essential(name: str, feature: str | None = None):
-    """The object at ``name``, which the package's classes are built on: without it nothing can
-    be recorded, so its absence stops the import with a clear error."""
-    found = lookup(name, feature)
-    if isinstance(found, Missing):
-        raise TorchInternalsError(_message(name, "the recorder is a subclass of it"))
+#: feature -> {this module's name for an entry point: its dotted name in torch}. Each is looked up
+#: on the first read of its name here (``from ._torch import x`` reads it), then kept.
+ENTRIES: dict[str, dict[str, str]] = {
+    # the recorder's hot path: autograd, the dispatch-mode stack, Dynamo's frame hook
+    "recorder": {
+        "current_graph_task_id": "torch._C._current_graph_task_id",
+        "current_autograd_node": "torch._C._current_autograd_node",
+        "autograd_sequence_nr": "torch._C._autograd._get_sequence_nr",
+        "set_eval_frame": "torch._C._dynamo.eval_frame.set_eval_frame",
+        "len_dispatch_stack": "torch._C._len_torch_dispatch_stack",
+        "dispatch_stack_at": "torch._C._get_dispatch_stack_at",
+        "dispatch_has_kernel_for_dispatch_key": "torch._C._dispatch_has_kernel_for_dispatch_key",
+        "OpOverload": "torch._ops.OpOverload",
+        "TorchDispatchMode": "torch.utils._python_dispatch.TorchDispatchMode",
+        "current_dispatch_mode_stack": "torch.utils._python_dispatch._get_current_dispatch_mode_stack",
+        "pop_mode": "torch.utils._python_dispatch._pop_mode",
+        # marks a code object for Dynamo to skip (``set_code_exec_strategy``, ``_FrameExecStrategy``,
+        # ``_FrameAction``), which is what ``torch._dynamo.eval_frame.skip_code`` does
+        "eval_frame": "torch._C._dynamo.eval_frame",
+    },
+    # the profiler behind record_time
+    "profiler": {
+        "ProfilerActivity": "torch._C._profiler.ProfilerActivity",
+        "ProfilerConfig": "torch._C._profiler.ProfilerConfig",
+        "ProfilerState": "torch._C._profiler.ProfilerState",
+        "ExperimentalConfig": "torch._C._profiler._ExperimentalConfig",
+        "TensorMetadata": "torch._C._profiler._TensorMetadata",
+        "profiler_enabled": "torch.autograd._profiler_enabled",
+        "prepare_profiler": "torch.autograd._prepare_profiler",
+        "enable_profiler": "torch.autograd._enable_profiler",
+        "disable_profiler": "torch.autograd._disable_profiler",
+        # a profiler record of the recorder's own call of each op, where torch makes none itself
+        "RecordFunctionFast": "torch._C._profiler._RecordFunctionFast",
+    },
+    # fake tensors, pytrees
+    "fake": {
+        "FakeTensor": "torch._subclasses.fake_tensor.FakeTensor",
+        "FakeTensorMode": "torch._subclasses.fake_tensor.FakeTensorMode",
+        "foreach_supported_devices": "torch.utils._foreach_utils._get_foreach_kernels_supported_devices",
+    },
+    "pytree": {"pytree": "torch.utils._pytree"},
+    # Inductor: what torch.compile lowered, for compiled audits. Its internals change between
+    # releases more than the recorder's entry points do, so a compiled audit also checks the
+    # release (:func:`require_inductor`): a table read through internals that changed would be
+    # wrong, not missing.
+    "inductor": {
+        "GraphLowering": "torch._inductor.graph.GraphLowering",
+        "is_mkldnn_conv": "torch._inductor.graph.is_mkldnn_conv",
+        "inductor_debug": "torch._inductor.debug",
+        "inductor_config": "torch._inductor.config",
+        "inductor_ir": "torch._inductor.ir",
+        "KernelCallLine": "torch._inductor.codegen.wrapper.KernelCallLine",
+        "ExternKernelSchedulerNode": "torch._inductor.scheduler.ExternKernelSchedulerNode",
+        "NopKernelSchedulerNode": "torch._inductor.scheduler.NopKernelSchedulerNode",
+        "inductor_V": "torch._inductor.virtualized.V",
+        "CompileContext": "torch._guards.CompileContext",
+        "dynamo_reset": "torch._dynamo.reset",
+        "dynamo_counters": "torch._dynamo.utils.counters",
+        "OptimizedModule": "torch._dynamo.eval_frame.OptimizedModule",
+    },
+}
+_WHERE = {name: (feature, dotted) for feature, names in ENTRIES.items() for name, dotted in names.items()}
+#: feature -> the dotted names of the entry points it needs
+FEATURES = {feature: tuple(names.values()) for feature, names in ENTRIES.items()}
+
+
+def __getattr__(name: str):
+    """An entry point of :data:`ENTRIES`, looked up on its first read and kept."""
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    feature, dotted = _WHERE[name]
+    found = globals()[name] = lookup(dotted, feature)
+    if name in _ESSENTIAL and isinstance(found, Missing):
+        raise TorchInternalsError(_message(dotted, "the recorder is a subclass of it", feature))
     return found
 
 
-def require(*names: str) -> None:
-    """Raise :class:`TorchInternalsError` when any of the dotted ``names`` is missing here."""
-    gone = [n for n in names if n in MISSING]
+#: entry points the package's classes are built on: without one, the import stops, saying why
+_ESSENTIAL = frozenset({"TorchDispatchMode"})
+
+
+def require(feature: str) -> None:
+    """Look up every entry point ``feature`` needs, and raise :class:`TorchInternalsError`
+    naming those this torch lacks."""
+    for name in ENTRIES[feature]:
+        getattr(sys.modules[__name__], name)
+    gone = [n for n in FEATURES[feature] if n in MISSING]
     if gone:
-        raise TorchInternalsError(_message(", ".join(gone), "not found"))
-
-
-# -- the recorder's hot path: autograd, the dispatch-mode stack, Dynamo's frame hook ----------------
-current_graph_task_id = lookup("torch._C._current_graph_task_id", "recorder")
-current_autograd_node = lookup("torch._C._current_autograd_node", "recorder")
-autograd_sequence_nr = lookup("torch._C._autograd._get_sequence_nr", "recorder")
-set_eval_frame = lookup("torch._C._dynamo.eval_frame.set_eval_frame", "recorder")
-len_dispatch_stack = lookup("torch._C._len_torch_dispatch_stack", "recorder")
-dispatch_stack_at = lookup("torch._C._get_dispatch_stack_at", "recorder")
-dispatch_has_kernel_for_dispatch_key = lookup("torch._C._dispatch_has_kernel_for_dispatch_key", "recorder")
-OpOverload = lookup("torch._ops.OpOverload", "recorder")
-TorchDispatchMode = essential("torch.utils._python_dispatch.TorchDispatchMode", "recorder")
-current_dispatch_mode_stack = lookup("torch.utils._python_dispatch._get_current_dispatch_mode_stack", "recorder")
-pop_mode = lookup("torch.utils._python_dispatch._pop_mode", "recorder")
-#: marks a code object for Dynamo to skip (``set_code_exec_strategy``, ``_FrameExecStrategy``,
-#: ``_FrameAction``), which is what ``torch._dynamo.eval_frame.skip_code`` does
-eval_frame = lookup("torch._C._dynamo.eval_frame")
-
-RECORDER = tuple(FEATURES["recorder"])
-
-# -- the profiler behind record_time ---------------------------------------------------------------
-ProfilerActivity = lookup("torch._C._profiler.ProfilerActivity", "profiler")
-ProfilerConfig = lookup("torch._C._profiler.ProfilerConfig", "profiler")
-ProfilerState = lookup("torch._C._profiler.ProfilerState", "profiler")
-ExperimentalConfig = lookup("torch._C._profiler._ExperimentalConfig", "profiler")
-TensorMetadata = lookup("torch._C._profiler._TensorMetadata", "profiler")
-profiler_enabled = lookup("torch.autograd._profiler_enabled", "profiler")
-prepare_profiler = lookup("torch.autograd._prepare_profiler", "profiler")
-enable_profiler = lookup("torch.autograd._enable_profiler", "profiler")
-disable_profiler = lookup("torch.autograd._disable_profiler", "profiler")
-
-PROFILER = tuple(FEATURES["profiler"])
-
-# -- fake tensors, pytrees -------------------------------------------------------------------------
-FakeTensor = lookup("torch._subclasses.fake_tensor.FakeTensor", "fake")
-FakeTensorMode = lookup("torch._subclasses.fake_tensor.FakeTensorMode", "fake")
-foreach_supported_devices = lookup("torch.utils._foreach_utils._get_foreach_kernels_supported_devices", "fake")
-pytree = lookup("torch.utils._pytree")
-
-FAKE = tuple(FEATURES["fake"])
+        raise TorchInternalsError(_message(", ".join(gone), "not found", feature))
 
 
 def _has(obj, attr: str) -> bool:
@@ -145,6 +189,12 @@ def _has(obj, attr: str) -> bool:
         return hasattr(obj, attr)
     except Exception:
         return False
+
+
+def _module_tracker():
+    from torch.utils.module_tracker import ModuleTracker
+
+    return ModuleTracker
 
 
 #: Private attributes of torch's objects that the package reads in place, and whether this torch
@@ -162,8 +212,8 @@ ATTRIBUTES = {
     "UntypedStorage._cdata": _has(torch.empty(0).untyped_storage(), "_cdata"),
     "Node._sequence_nr": _has(torch.ones(1, requires_grad=True).sum().grad_fn, "_sequence_nr"),
     "Module._parameters": _has(torch.nn.Linear(1, 1), "_parameters"),
-    "ModuleTracker._fw_pre_hook": _has(lookup("torch.utils.module_tracker.ModuleTracker"), "_fw_pre_hook"),
-    "ModuleTracker._fw_post_hook": _has(lookup("torch.utils.module_tracker.ModuleTracker"), "_fw_post_hook"),
+    "ModuleTracker._fw_pre_hook": _has(_module_tracker(), "_fw_pre_hook"),
+    "ModuleTracker._fw_post_hook": _has(_module_tracker(), "_fw_post_hook"),
 }
 
 #: Whether ``OpOverload.__call__`` only forwards to its C++ op (``self._op(...)``) while no
@@ -181,7 +231,7 @@ def require_attributes(*names: str) -> None:
 
 def require_recorder() -> None:
     """What a recording needs, checked before it starts."""
-    require(*RECORDER)
+    require("recorder")
     require_attributes("OpOverload._schema", "Tensor._is_view", "UntypedStorage._cdata", "Node._sequence_nr",
                        "Module._parameters", "ModuleTracker._fw_pre_hook", "ModuleTracker._fw_post_hook")
 
@@ -207,26 +257,72 @@ def node_sequence_nr(node) -> int:
     return node._sequence_nr()
 
 
-# -- Inductor: what torch.compile lowered, for compiled audits --------------------------------------
-# Inductor's internals change between releases more than the recorder's entry points do, so a
-# compiled audit also checks the version (:func:`require_inductor`): a table read through
-# internals that changed would be wrong, not missing.
-GraphLowering = lookup("torch._inductor.graph.GraphLowering", "inductor")
-is_mkldnn_conv = lookup("torch._inductor.graph.is_mkldnn_conv", "inductor")
-mkldnn_devices = lookup("torch._inductor.graph.SUPPORTED_MKLDNN_DEVICES", "inductor")
-inductor_debug = lookup("torch._inductor.debug", "inductor")
-inductor_config = lookup("torch._inductor.config", "inductor")
-inductor_ir = lookup("torch._inductor.ir", "inductor")
-KernelCallLine = lookup("torch._inductor.codegen.wrapper.KernelCallLine", "inductor")
-ExternKernelSchedulerNode = lookup("torch._inductor.scheduler.ExternKernelSchedulerNode", "inductor")
-NopKernelSchedulerNode = lookup("torch._inductor.scheduler.NopKernelSchedulerNode", "inductor")
-inductor_V = lookup("torch._inductor.virtualized.V", "inductor")
-CompileContext = lookup("torch._guards.CompileContext", "inductor")
-dynamo_reset = lookup("torch._dynamo.reset", "inductor")
-dynamo_counters = lookup("torch._dynamo.utils.counters", "inductor")
-OptimizedModule = lookup("torch._dynamo.eval_frame.OptimizedModule", "inductor")
+# -- op tags ---------------------------------------------------------------------------------------
+#: ``torch.Tag.reduction`` (a TensorIterator reduction), which older releases lack
+_TAG_REDUCTION = getattr(torch.Tag, "reduction", None)
 
-INDUCTOR = tuple(FEATURES["inductor"])
+
+def is_reduction(func) -> bool:
+    """Whether ``func`` is a reduction: its ``torch.Tag.reduction``, or, on a torch without that
+    tag, a schema that takes ``dim`` and ``keepdim`` and writes no argument in place."""
+    if _TAG_REDUCTION is not None:
+        return _TAG_REDUCTION in func.tags
+    args = func._schema.arguments
+    names = {a.name for a in args}
+    return {"dim", "keepdim"} <= names and not any(a.alias_info is not None and a.alias_info.is_write for a in args)
+
+
+# -- the profiler's record of each call of the recorder --------------------------------------------
+#: the name of the profiler record around each call of a dispatch mode
+MODE_RECORD = "PythonDispatchMode"
+
+
+@functools.cache
+def profiler_records_mode_calls() -> bool:
+    """Whether this torch's profiler wraps each call of a dispatch mode in a ``PythonDispatchMode``
+    record (asked of the profiler itself, once): where it does not, the recorder makes that
+    record around its own call of each op (``RecordFunctionFast``)."""
+    require("recorder")
+    require("profiler")
+    g = __getattr__
+    mode_type, config_type, state, activity = (g("TorchDispatchMode"), g("ProfilerConfig"), g("ProfilerState"),
+                                               g("ProfilerActivity"))
+
+    class Probe(mode_type):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    config = config_type(state.KINETO, False, False, False, False, False, g("ExperimentalConfig")())
+    activities = {activity.CPU}
+    g("prepare_profiler")(config, activities)
+    g("enable_profiler")(config, activities)
+    try:
+        with Probe():
+            torch.ones(1) + 1
+    finally:
+        result = g("disable_profiler")()
+    stack = list(result.experimental_event_tree())
+    while stack:
+        e = stack.pop()
+        if e.name == MODE_RECORD:
+            return True
+        stack.extend(e.children)
+    return False
+
+
+def require_profiler() -> None:
+    """What a timed recording needs, checked before it starts: the profiler's entry points, and a
+    record of each call of the recorder, torch's own or the recorder's."""
+    require("profiler")
+    if not profiler_records_mode_calls() and not callable(__getattr__("RecordFunctionFast")):
+        raise TorchInternalsError(_message(
+            "a profiler record of each call of a dispatch mode", "no PythonDispatchMode record and no "
+            "_RecordFunctionFast to make one", "profiler") + "; record_time=False audits work")
+
+
+# -- Inductor: what torch.compile lowered, for compiled audits --------------------------------------
+#: The oldest release whose Inductor compiled audits are tested on.
+INDUCTOR_SINCE = "2.12"
 
 #: Inductor functions and attributes a compiled audit wraps or reads, with the parameters each
 #: wrapped function must take: checked before compiling, so that a torch whose Inductor moved
@@ -241,16 +337,21 @@ INDUCTOR_CONFIG = ("cpp.enable_kernel_profile", "profiler_mark_wrapper_call", "l
                    "force_layout_optimization")
 
 
+def _release(version: str) -> tuple[int, int]:
+    major, minor = version.split("+")[0].split(".")[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+
+
 def torch_release() -> str:
     """This torch's ``major.minor``."""
-    return ".".join(torch.__version__.split("+")[0].split(".")[:2])
+    return ".".join(map(str, _release(torch.__version__)))
 
 
 def _inductor_shape_problems() -> list[str]:
     import inspect
 
     problems = []
-    owners = {"GraphLowering": GraphLowering, "debug": inductor_debug}
+    owners = {"GraphLowering": __getattr__("GraphLowering"), "debug": __getattr__("inductor_debug")}
     for dotted, params in INDUCTOR_SHAPES.items():
         owner, _, attr = dotted.partition(".")
         fn = getattr(owners[owner], attr, None)
@@ -260,10 +361,11 @@ def _inductor_shape_problems() -> list[str]:
             have = None
         if have is None or any(p not in have for p in params if p != "self"):
             problems.append(f"{dotted}({', '.join(have) if have else '?'})")
-    problems += [f"ir.{n}" for n in INDUCTOR_IR if not hasattr(inductor_ir, n)]
+    ir, config = __getattr__("inductor_ir"), __getattr__("inductor_config")
+    problems += [f"ir.{n}" for n in INDUCTOR_IR if not hasattr(ir, n)]
     for name in INDUCTOR_CONFIG:
         owner, *rest = name.split(".")
-        obj = getattr(inductor_config, owner, None) if rest else inductor_config
+        obj = getattr(config, owner, None) if rest else config
         if obj is None or not hasattr(obj, rest[0] if rest else owner):
             problems.append(f"config.{name}")
     return problems
@@ -272,15 +374,25 @@ def _inductor_shape_problems() -> list[str]:
 def require_inductor() -> None:
     """What a compiled audit needs, checked before it compiles: a tested torch release (Inductor's
     internals differ from one to the next) and the entry points with the parameters read here."""
-    if torch_release() not in TESTED:
+    release = _release(torch.__version__)
+    if not _release(INDUCTOR_SINCE) <= release <= _release(TESTED[1]):
         raise TorchInternalsError(
             f"compiled audits read Inductor's private internals, which change between releases; torch "
-            f"{torch.__version__} is not one auditor was tested on ({', '.join(TESTED)}), so its table could be "
-            f"wrong: use a tested torch, or audit the model eagerly (compile=False)")
-    require(*INDUCTOR)
+            f"{torch.__version__} is not one auditor was tested on for them ({INDUCTOR_SINCE} to {TESTED[1]}), "
+            f"so its table could be wrong: use a tested torch, or audit the model eagerly (compile=False)")
+    require("inductor")
     problems = _inductor_shape_problems()
     if problems:
-        raise TorchInternalsError(_message(", ".join(problems), "Inductor's internals differ from those auditor reads"))
+        raise TorchInternalsError(_message(", ".join(problems), "Inductor's internals differ from those auditor reads",
+                                           "inductor"))
+
+
+def is_compiled_module(model) -> bool:
+    """Whether ``model`` is a module ``torch.compile`` wrapped; without importing Dynamo, which
+    made every such module."""
+    if "torch._dynamo.eval_frame" not in sys.modules:
+        return False
+    return isinstance(model, __getattr__("OptimizedModule"))
 
 
 def original_module(compiled):
