@@ -13,12 +13,10 @@ from ._result import Audit
 from ._step import Step
 from .recording._mode import RecorderMode
 from .recording._modules import ForwardModuleTracker
-from .recording._profile import ProfileSession
+from .recording._profile import ProfileSession, profiler_records_mode_calls, require_profiler
 from .recording._torch import (
     current_dispatch_mode_stack,
     pop_mode,
-    profiler_records_mode_calls,
-    require_profiler,
     require_recorder,
 )
 

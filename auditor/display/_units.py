@@ -19,16 +19,23 @@ BYTES = EngFormatter(unit="B", places=1)
 SECONDS = EngFormatter(unit="s", places=1)
 
 
+def _eng(formatter: EngFormatter, x: float) -> str:
+    """``formatter``'s number, prefix and unit (``format_eng`` leaves the unit out before
+    matplotlib 3.8: ``69.4 m``, ``5.0 ``)."""
+    s = formatter.format_eng(x)
+    return s if s.endswith(formatter.unit) else s + formatter.unit
+
+
 def format_bytes(n: float) -> str:
     """``802800`` -> ``802.8 kB``; nothing is ``0 B``, not ``0.0 B``."""
-    return "0 B" if n == 0 else BYTES.format_eng(float(n))
+    return "0 B" if n == 0 else _eng(BYTES, float(n))
 
 
 def format_us(us: float) -> str:
     """A time in microseconds -> ``404.7 µs``, ``58.4 ms``; no time is ``0 s``; NaN -> ``-``."""
     if us is None or (isinstance(us, float) and math.isnan(us)):
         return "-"
-    return "0 s" if us == 0 else SECONDS.format_eng(float(us) * 1e-6)
+    return "0 s" if us == 0 else _eng(SECONDS, float(us) * 1e-6)
 
 
 @dataclass(frozen=True)

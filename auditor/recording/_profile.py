@@ -15,10 +15,14 @@ Only the raw event tree is walked (no ``FunctionEvent`` parsing), once, when rec
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 from dataclasses import dataclass, field
 
+import torch
+
+from . import _torch
 from ._formats import VIEW_SUFFIX, format_label, nbytes
 from ._torch import (
     MODE_RECORD,
@@ -27,6 +31,8 @@ from ._torch import (
     ProfilerConfig,
     ProfilerState,
     TensorMetadata,
+    TorchDispatchMode,
+    TorchInternalsError,
     disable_profiler,
     enable_profiler,
     op_schema,
@@ -90,6 +96,45 @@ class ProfileSession:
         self.active = False
         with _quiet_stderr():
             return disable_profiler()
+
+
+@functools.cache
+def profiler_records_mode_calls() -> bool:
+    """Whether this torch's profiler wraps each call of a dispatch mode in a ``PythonDispatchMode``
+    record (asked of the profiler itself, once): where it does not, the recorder makes that
+    record around its own call of each op (``RecordFunctionFast``)."""
+
+    class Probe(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    session = ProfileSession(record_shapes=False)
+    session.start()
+    if not session.active:  # the user's profiler runs: it does not say, and the recorder marks its calls
+        return False
+    try:
+        with Probe():
+            torch.ones(1) + 1
+    finally:
+        result = session.stop()
+    stack = list(result.experimental_event_tree())
+    while stack:
+        e = stack.pop()
+        if e.name == MODE_RECORD:
+            return True
+        stack.extend(e.children)
+    return False
+
+
+def require_profiler() -> None:
+    """What a timed recording needs, checked before it starts: the profiler's entry points, and a
+    record of each call of the recorder, torch's own or the recorder's."""
+    _torch.require("profiler")
+    if not profiler_records_mode_calls() and not _torch.RecordFunctionFast:
+        raise TorchInternalsError(
+            f"timed audits need a profiler record of each call of a dispatch mode, which torch "
+            f"{torch.__version__} does not make (no PythonDispatchMode record) and cannot be made here (no "
+            f"torch._C._profiler._RecordFunctionFast); record_time=False audits work")
 
 
 @contextlib.contextmanager

@@ -17,7 +17,6 @@ Private *attributes* of torch's objects are read where they are needed, some on 
 
 from __future__ import annotations
 
-import functools
 import importlib
 import sys
 
@@ -275,49 +274,6 @@ def is_reduction(func) -> bool:
 # -- the profiler's record of each call of the recorder --------------------------------------------
 #: the name of the profiler record around each call of a dispatch mode
 MODE_RECORD = "PythonDispatchMode"
-
-
-@functools.cache
-def profiler_records_mode_calls() -> bool:
-    """Whether this torch's profiler wraps each call of a dispatch mode in a ``PythonDispatchMode``
-    record (asked of the profiler itself, once): where it does not, the recorder makes that
-    record around its own call of each op (``RecordFunctionFast``)."""
-    require("recorder")
-    require("profiler")
-    g = __getattr__
-    mode_type, config_type, state, activity = (g("TorchDispatchMode"), g("ProfilerConfig"), g("ProfilerState"),
-                                               g("ProfilerActivity"))
-
-    class Probe(mode_type):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            return func(*args, **(kwargs or {}))
-
-    config = config_type(state.KINETO, False, False, False, False, False, g("ExperimentalConfig")())
-    activities = {activity.CPU}
-    g("prepare_profiler")(config, activities)
-    g("enable_profiler")(config, activities)
-    try:
-        with Probe():
-            torch.ones(1) + 1
-    finally:
-        result = g("disable_profiler")()
-    stack = list(result.experimental_event_tree())
-    while stack:
-        e = stack.pop()
-        if e.name == MODE_RECORD:
-            return True
-        stack.extend(e.children)
-    return False
-
-
-def require_profiler() -> None:
-    """What a timed recording needs, checked before it starts: the profiler's entry points, and a
-    record of each call of the recorder, torch's own or the recorder's."""
-    require("profiler")
-    if not profiler_records_mode_calls() and not callable(__getattr__("RecordFunctionFast")):
-        raise TorchInternalsError(_message(
-            "a profiler record of each call of a dispatch mode", "no PythonDispatchMode record and no "
-            "_RecordFunctionFast to make one", "profiler") + "; record_time=False audits work")
 
 
 # -- Inductor: what torch.compile lowered, for compiled audits --------------------------------------
