@@ -15,6 +15,7 @@ import torch.nn as nn
 from .._step import Step
 from ..fix._convert import CHANNELS_LAST_OF_RANK, convert_param
 from ..measure import Decision, Rounds, decide, median_interval, median_times, ratios
+from ..recording._torch import drop_forward_hooks
 from ._assign import CL_NAME, FORMAT_OF, apply_formats, converted_inputs, rank_names
 from ._check import record
 from ._graph import Call, Edge, owned_time_us
@@ -51,8 +52,7 @@ def conv_rounds(model: nn.Module, calls: list[Call], train: bool, device) -> tup
         for fmt_name in ("contiguous", CL_NAME[rank]):
             fmt = FORMAT_OF[fmt_name]
             m = copy.deepcopy(mod)
-            m._forward_pre_hooks.clear()
-            m._forward_hooks.clear()
+            drop_forward_hooks(m)
             convert_param(m.weight, fmt)
             x = torch.randn(c.input_shape, dtype=c.dtype, device=m.weight.device).contiguous(memory_format=fmt)
             fns["contiguous" if fmt_name == "contiguous" else "channels_last"] = conv_step(

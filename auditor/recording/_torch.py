@@ -200,7 +200,8 @@ def _module_tracker():
 #: has each: an op overload's schema (``_schema``) and, on the hot path, the C++ op it forwards
 #: to (``_op``) unless a Python dispatcher is set (``_pyobj_dispatcher``); whether a tensor is a
 #: view (``Tensor._is_view``) and its storage's identity (``UntypedStorage._cdata``); an autograd
-#: node's sequence number (``_sequence_nr``); a module's own parameters (``Module._parameters``);
+#: node's sequence number (``_sequence_nr``); a module's own parameters (``Module._parameters``)
+#: and forward hooks (``_forward_hooks``, ``_forward_pre_hooks``, which a layout plan's copies drop);
 #: and the forward hooks ``ModuleTracker`` calls (``_fw_pre_hook``, ``_fw_post_hook``), which the
 #: recorder's tracker overrides.
 ATTRIBUTES = {
@@ -211,6 +212,8 @@ ATTRIBUTES = {
     "UntypedStorage._cdata": _has(torch.empty(0).untyped_storage(), "_cdata"),
     "Node._sequence_nr": _has(torch.ones(1, requires_grad=True).sum().grad_fn, "_sequence_nr"),
     "Module._parameters": _has(torch.nn.Linear(1, 1), "_parameters"),
+    "Module._forward_hooks": _has(torch.nn.Linear(1, 1), "_forward_hooks"),
+    "Module._forward_pre_hooks": _has(torch.nn.Linear(1, 1), "_forward_pre_hooks"),
     "ModuleTracker._fw_pre_hook": _has(_module_tracker(), "_fw_pre_hook"),
     "ModuleTracker._fw_post_hook": _has(_module_tracker(), "_fw_post_hook"),
 }
@@ -249,6 +252,13 @@ def storage_id(t: torch.Tensor) -> int:
     """The identity of ``t``'s storage (``UntypedStorage._cdata``): two tensors share memory
     when theirs are equal."""
     return t.untyped_storage()._cdata
+
+
+def drop_forward_hooks(module: torch.nn.Module) -> None:
+    """Remove ``module``'s own forward hooks and pre-hooks (a copy of a user's module, timed alone)."""
+    require_attributes("Module._forward_hooks", "Module._forward_pre_hooks")
+    module._forward_pre_hooks.clear()
+    module._forward_hooks.clear()
 
 
 def node_sequence_nr(node) -> int:
