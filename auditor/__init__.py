@@ -15,7 +15,6 @@ The package is split by layer, each importing only the ones before it: ``recordi
 code is laid out".
 """
 
-from . import _deprecated
 from ._api import audit
 from ._result import Audit, compare_compiled, diff
 from ._session import FormatAuditor
@@ -30,15 +29,6 @@ from .plan import apply_plan, plan_layout
 from .recording._formats import format_label
 from .recording._inductor import CompileError
 from .recording._mode import FormatLossError
-
-_deprecated.install()
-
-
-def __getattr__(name: str):
-    """The modules of release 0.1 (``auditor.formats``, ``rules``, ``recorder``, ``log``) and
-    those that went private, under their old names, with a ``DeprecationWarning``."""
-    return _deprecated.moved_attribute(__name__, name)
-
 
 __all__ = [
     "Audit",

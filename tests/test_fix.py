@@ -472,17 +472,6 @@ def fast_measurements(monkeypatch):
     monkeypatch.setattr(plan._measure, "MODEL_SAMPLE_US", 1000.0)
 
 
-def test_plan_layouts_old_train_switch_still_works_and_says_it_is_deprecated(fast_measurements):
-    """``backward=`` is the switch's one name, as in ``audit()``; ``train=`` keeps working."""
-    torch.manual_seed(0)
-    model, x = Small(), torch.randn(2, 3, 12, 12)
-    with pytest.warns(DeprecationWarning, match="backward="):
-        p = plan.plan_layout(model, x, train=True, repeats=2, recordings=1)
-    assert p.train and p.step.backward and (p.audit.events["phase"] == "backward").any()
-    with pytest.raises(TypeError, match="disagree"):
-        plan.plan_layout(model, x, train=True, backward=False)
-
-
 @pytest.mark.parametrize("train", [False, True])
 def test_plan_layout_reasons_and_apply_plan_keep_outputs_and_inputs(fast_measurements, train):
     torch.manual_seed(0)

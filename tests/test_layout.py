@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ast
 import functools
-import re
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "auditor"
 
 #: Each layer may import the layers before it. The README's "How the code is laid out".
 LAYERS = [
-    ("recording", "_deprecated"),
+    ("recording",),
     ("analysis",),
     ("display",),
     ("measure",),
@@ -79,9 +78,8 @@ def test_imports_flow_down_and_take_no_private_names(name):
         there = _layer(target) if target else RANK["__init__"]
         assert there <= here, f"{name} (layer {here}) imports {target} (layer {there})"
         if there == here and target.split(".")[0] != name.split(".")[0]:
-            # side by side in one layer: only the entry points may use each other, and every
-            # package its own old names (the deprecated paths)
-            assert here == len(LAYERS) - 1 or (name, target) in {("_session", "_result"), ("_session", "_step")} or target == "_deprecated", (
+            # side by side in one layer: only the entry points may use each other
+            assert here == len(LAYERS) - 1 or (name, target) in {("_session", "_result"), ("_session", "_step")}, (
                 name, target)
         private = [n for n in names if n.startswith("_") and not n.startswith("__")]
         assert not private, f"{name} imports private {private} from {target}"
@@ -166,34 +164,3 @@ def test_only_the_fence_names_private_torch_entry_points(name):
 def test_the_fence_check_sees_private_names():
     code = "import torch\nfrom torch._C import x\nfrom torch.utils import _pytree\ny = torch._C._f\nz = torch.nn.Conv2d"
     assert _private_torch_names(ast.parse(code)) == ["torch._C", "torch.utils", "torch._C._f"]
-
-
-def test_old_names_still_import_with_a_deprecation_warning():
-    """Modules that went private, the 0.1 aliases and renamed names keep working, warned."""
-    import importlib
-    import sys
-    import warnings
-
-    import torch
-
-    import auditor
-    from auditor import _deprecated
-
-    for old, new in [("auditor.recording.mode", "auditor.recording._mode"), ("auditor.formats", "auditor.recording._formats"),
-                     ("auditor.plan.timing", "auditor.measure._harness"), ("auditor.analysis.causes", "auditor.analysis._causes")]:
-        sys.modules.pop(old, None)
-        with pytest.warns(DeprecationWarning, match=re.escape(old)):
-            module = importlib.import_module(old)
-        assert module is importlib.import_module(new)
-    with pytest.warns(DeprecationWarning, match="auditor.rules"):
-        from auditor.rules import classify  # noqa: F401
-    with pytest.warns(DeprecationWarning, match="use torch.channels_last"):
-        assert auditor.fix.CHANNELS_LAST is torch.channels_last
-    with pytest.warns(DeprecationWarning, match="PLAN_CONVERSION_COLUMNS"):
-        assert auditor.plan.CONVERSION_COLUMNS is auditor.plan.PLAN_CONVERSION_COLUMNS
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # the supported names warn nothing
-        assert auditor.recording.format_label is auditor.format_label
-    with pytest.raises(AttributeError):
-        auditor.analysis.no_such_name  # noqa: B018
-    assert set(_deprecated.MOVED) >= {"auditor.formats", "auditor.rules", "auditor.recorder", "auditor.log"}

@@ -6,7 +6,6 @@ the one data-flow graph (``flow``), the ops table and its hotspots on conv -> co
 returns DataFrames or plain arrays, and display is someone else's job.
 """
 
-from .._deprecated import moved_attribute
 from ._activations import (
     activation_inputs,
     floating_rows,
@@ -58,7 +57,3 @@ __all__ = [
     "view_roots",
 ]
 
-
-def __getattr__(name: str):
-    """Modules of this package that went private, under their old names (deprecated)."""
-    return moved_attribute(__name__, name)

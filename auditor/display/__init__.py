@@ -15,7 +15,6 @@ and the package's one progress switch (``progress``). Imports :mod:`auditor.anal
 :mod:`auditor.recording` names only; nothing here computes a finding.
 """
 
-from .._deprecated import moved_attribute
 from . import progress
 from ._fixes import fixes_html, fixes_text, verification_html, verification_text
 from ._html import audit_html, table_html
@@ -68,7 +67,3 @@ __all__ = [
     "ranks_html",
 ]
 
-
-def __getattr__(name: str):
-    """Modules of this package that went private, under their old names (deprecated)."""
-    return moved_attribute(__name__, name)

@@ -20,7 +20,6 @@ buckets (``buckets``) and gradient formats (``grads``). It imports the ``Audit``
 analysis and display; nothing imports it.
 """
 
-from .._deprecated import moved_attribute
 from ._buckets import (
     BUCKET_COLUMNS,
     BUCKET_HOTSPOT_COLUMNS,
@@ -46,7 +45,3 @@ __all__ = [
     "save_rank_audit",
 ]
 
-
-def __getattr__(name: str):
-    """Modules of this package that went private, under their old names (deprecated)."""
-    return moved_attribute(__name__, name)

@@ -7,7 +7,6 @@ interval, and whether it clears a margin). The layout plan and the fix verificat
 through it. Imports torch, numpy and pandas only.
 """
 
-from .._deprecated import moved_attribute
 from ._decide import CONFIDENCE, MIN_ROUNDS, Decision, decide, median_interval, ratios
 from ._harness import (
     Rounds,
@@ -41,7 +40,3 @@ __all__ = [
     "torch_threads",
 ]
 
-
-def __getattr__(name: str):
-    """Modules of this package that went private, under their old names (deprecated)."""
-    return moved_attribute(__name__, name)

@@ -27,7 +27,6 @@ imports the fixes, the analysis, the session and the measuring harness; nothing 
 The harness's names (``Rounds``, ``time_interleaved``, ...) are re-exported here, where they were.
 """
 
-from .._deprecated import moved_attribute
 from ..measure import Decision, Rounds, default_clock, median_times, steady_malloc, time_interleaved
 from ._apply import AppliedPlan, apply_plan
 from ._layout import (
@@ -59,7 +58,3 @@ __all__ = [
     "time_interleaved",
 ]
 
-
-def __getattr__(name: str):
-    """Modules of this package that went private, under their old names (deprecated)."""
-    return moved_attribute(__name__, name)

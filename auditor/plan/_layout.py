@@ -238,15 +238,14 @@ def _default_format(model: nn.Module, names: list[str]) -> str:
 
 def plan_layout(model: nn.Module, *inputs, kwargs: Mapping[str, object] | None = None, backward: bool | None = None,
                 loss_fn: Callable | None = None, repeats: int = 7, max_repeats: int = 35, recordings: int = 3,
-                margin: float = 0.02, clock: str | None = None, progress: bool | None = None,
-                train: bool | None = None) -> LayoutPlan:
+                margin: float = 0.02, clock: str | None = None, progress: bool | None = None) -> LayoutPlan:
     """Measure, on this device, which format each convolution of ``model`` should run in.
 
     ``inputs`` (and keyword arguments ``kwargs``, a mapping) are what the model is called with,
     as it will be in use (a plain contiguous batch, say); converting them is part of the plan
     and of its measured time. ``backward=True`` plans a training step (forward,
     ``loss_fn(output).backward()``, default ``output.sum()``) instead of inference, as it means
-    in :func:`auditor.audit` (``train=`` is its old, deprecated name).
+    in :func:`auditor.audit`.
 
     Every decision compares two candidates in interleaved rounds and looks at the median of the
     paired ratios and its 98% interval (:mod:`auditor.measure`): ``repeats`` rounds first,
@@ -263,12 +262,6 @@ def plan_layout(model: nn.Module, *inputs, kwargs: Mapping[str, object] | None =
     The model is not modified: all work happens on copies. Returns a :class:`LayoutPlan`; see
     the package docstring for the method.
     """
-    if train is not None:
-        if backward is not None and backward != train:
-            raise TypeError("plan_layout: backward= and its old name train= disagree; pass backward= alone")
-        warnings.warn("plan_layout(train=...) is deprecated: pass backward=, as auditor.audit takes it",
-                      DeprecationWarning, stacklevel=2)
-        backward = train
     _check_arguments(model, inputs, kwargs, repeats, max_repeats, recordings, margin, clock)
     step = Step(model, inputs, kwargs or {}, backward=bool(backward), loss_fn=loss_fn or default_loss)
     given = _given_format(inputs)

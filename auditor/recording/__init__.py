@@ -9,7 +9,6 @@ and the atomic writer every file goes through (``_files``). Imports torch, numpy
 only: nothing here knows about data flow, reports or fixes.
 """
 
-from .._deprecated import moved_attribute
 from ._cells import recorded
 from ._files import atomic_write
 from ._formats import format_label
@@ -30,7 +29,3 @@ __all__ = [
     "recorded",
 ]
 
-
-def __getattr__(name: str):
-    """Modules of this package that went private, under their old names (deprecated)."""
-    return moved_attribute(__name__, name)
