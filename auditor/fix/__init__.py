@@ -1,15 +1,13 @@
 """Fixes: what to change once the analysis says where data is permuted.
 
 Owns the conversion helpers (``_convert``), per-convolution formats and input-format hooks
-(``_hooks``), drop-in modules that keep the format (``_keep_format``), reading the user's source
-(``_source_text``), the statement rewrites each pattern's fix makes (``_rewrite``), the fix
+(``_hooks``), drop-in modules that keep the format (``_keep_format``), the statement rewrites each pattern's fix makes (``_rewrite``), the fix
 generators registered per pattern (``_generators``), source edits applied in memory and as a
 patch (``_patch``), proving a fix (``_verify``) and the suggested fixes (``_suggest``). Imports
 the analysis, display, measuring and the ``Audit`` facade and session; never the planner or the
 entry points.
 """
 
-from .._deprecated import moved_attribute
 from ._convert import (
     CHANNELS_LAST_OF_RANK,
     FORMAT_NAMES,
@@ -19,6 +17,7 @@ from ._convert import (
     layout_name,
     to_channels_last,
 )
+from ._generators import module_expr
 from ._hooks import (
     InputFormat,
     keep_contiguous,
@@ -36,12 +35,10 @@ from ._keep_format import (
     swap_instance_norm,
     swap_module,
 )
-from ._source_text import module_expr
 from ._suggest import (
     BY_HAND,
     EDIT,
     FIX_COLUMNS,
-    FUNCTION,
     REGION,
     SWAP,
     VERIFY_COLUMNS,
@@ -58,7 +55,6 @@ __all__ = [
     "EDIT",
     "FIX_COLUMNS",
     "FORMAT_NAMES",
-    "FUNCTION",
     "TOLERANCE",
     "VERIFY_COLUMNS",
     "GlobalAvgPool",
@@ -86,7 +82,3 @@ __all__ = [
     "to_channels_last",
 ]
 
-
-def __getattr__(name: str):
-    """Modules of this package that went private, under their old names (deprecated)."""
-    return moved_attribute(__name__, name)

@@ -30,13 +30,10 @@ from ..recording._cells import recorded
 from . import _rewrite as rw
 from ._keep_format import CONV_SWAPS, SWAPS
 from ._patch import live_functions
-from ._source_text import module_expr
 
 EDIT, SWAP, WEIGHT, REGION = "edit source", "swap module", "convert weight", "keep region contiguous"
 #: a cause no generator has a fix for
 BY_HAND = "by hand"
-#: the action's name in fixes of release 0.1, when a channel shuffle was rebound as a function
-FUNCTION = "swap function"
 
 
 @dataclass
@@ -57,6 +54,16 @@ class Proposal:
     @property
     def automatic(self) -> bool:
         return not self.reason
+
+
+def module_expr(name: str, root: str = "model") -> str:
+    """``layer1.0.conv2`` -> ``model.layer1[0].conv2``: how to write a submodule in code."""
+    if name in ("", "<root>"):
+        return root
+    out = root
+    for part in name.split("."):
+        out += f"[{part}]" if part.isdigit() else (f".{part}" if part.isidentifier() else f".get_submodule({part!r})")
+    return out
 
 
 class CauseView:

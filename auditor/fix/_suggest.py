@@ -29,7 +29,7 @@ from ..recording import atomic_write
 from . import _rewrite as rw
 from . import _verify as verification
 from ._convert import CHANNELS_LAST_OF_RANK, FORMAT_NAMES
-from ._generators import BY_HAND, EDIT, FUNCTION, REGION, SWAP, WEIGHT, Proposal, propose
+from ._generators import BY_HAND, EDIT, REGION, SWAP, WEIGHT, Proposal, propose
 from ._hooks import (
     conv_module,
     is_conv_module,
@@ -40,7 +40,7 @@ from ._hooks import (
 from ._keep_format import swap_module
 from ._patch import CodePatch, EditError, SourceEdit, one_scan, patch_functions, unified_diff
 
-__all__ = ["BY_HAND", "EDIT", "FIX_COLUMNS", "FUNCTION", "REGION", "SWAP", "VERIFY_COLUMNS", "WEIGHT", "Fixes", "suggest_fixes"]
+__all__ = ["BY_HAND", "EDIT", "FIX_COLUMNS", "REGION", "SWAP", "VERIFY_COLUMNS", "WEIGHT", "Fixes", "suggest_fixes"]
 
 FIX_COLUMNS = [
     "fix", "cause", "pattern", "action", "module", "module_type", "op", "source", "line", "suggestion", "detail",

@@ -27,11 +27,6 @@ from . import _torch as T
 from ._cells import readable
 from ._inductor_graph import read_graph
 
-#: One row per buffer a kernel reads or writes (``role``), in its kernel's order.
-BUFFER_KEYS = ("graph", "phase", "order", "role", "buffer", "shape", "stride", "dtype", "itemsize",
-               "graph_input", "graph_output")
-KERNEL_KEYS = ("graph", "phase", "order", "kernel", "kind", "source", "module", "sources", "fx_nodes")
-GRAPH_KEYS = ("graph", "phase", "compile_id", "layout_opt", "layout_opt_reason", "layout_opt_log", "output_code")
 
 class InductorRecorder:
     """Records every graph Inductor lowers inside the ``with`` block, as plain rows (``graphs``,
