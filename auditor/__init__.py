@@ -16,19 +16,19 @@ code is laid out".
 """
 
 from ._api import audit
-from ._result import Audit, compare_compiled, diff
-from ._session import FormatAuditor
-from .fix import (
+from ._fix import (
     convert_conv2d_weight_memory_format,
     convert_conv3d_weight_memory_format,
     keep_contiguous,
     suggest_fixes,
     to_channels_last,
 )
-from .plan import apply_plan, plan_layout
-from .recording._formats import format_label
-from .recording._inductor import CompileError
-from .recording._mode import FormatLossError
+from ._plan import apply_plan, plan_layout
+from ._recording._formats import format_label
+from ._recording._inductor import CompileError
+from ._recording._mode import FormatLossError
+from ._result import Audit, compare_compiled, diff
+from ._session import FormatAuditor
 
 __all__ = [
     "Audit",

@@ -7,10 +7,10 @@ from collections.abc import Callable, Mapping
 import torch
 
 from ._fake import fake_audit
+from ._recording._torch import OptimizedModule, original_module
 from ._result import Audit
 from ._session import record_compiled_step, record_step
 from ._step import Step
-from .recording._torch import OptimizedModule, original_module
 
 
 def audit(

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pandas as pd
 
-from . import analysis
-from .analysis._compiled import CompiledStep, compiled_report_tables
-from .display import audit_html, audit_report, chrome_trace, progress, write_chrome_trace
-from .display._compiled import compiled_html, compiled_text
-from .recording import _csv as csvfile
-from .recording import _log as log
-from .recording._files import atomic_write
-from .recording._mode import RawLog
+from . import _analysis as analysis
+from ._analysis._compiled import CompiledStep, compiled_report_tables
+from ._display import audit_html, audit_report, chrome_trace, progress, write_chrome_trace
+from ._display._compiled import compiled_html, compiled_text
+from ._recording import _csv as csvfile
+from ._recording import _log as log
+from ._recording._files import atomic_write
+from ._recording._mode import RawLog
 
 #: why a timed audit's estimates are not trusted when no step ran before the recorded one
 FIRST_STEP = ("no step ran before the recorded one (warmup=0): if it is the first in the process, its times "
@@ -118,7 +118,7 @@ class Audit:
 
     # -- analyses ----------------------------------------------------------------------------
     def analysis(self) -> analysis.Analysis:
-        """The analysis of this log (:func:`auditor.analysis.analyze`), every stage run once
+        """The analysis of this log (:func:`auditor._analysis.analyze`), every stage run once
         and cached; large audits show a progress bar over the stages (``display.progress``)."""
         a = self._pipeline()
         if not a.done:
@@ -140,7 +140,7 @@ class Audit:
     def facts(self) -> pd.DataFrame:
         """Per tensor row, what the data flow knew about it (cached): whether it is an image,
         where its channels run, its format label as that image, and what an ambiguous one
-        stands for (:func:`auditor.analysis.image_facts`)."""
+        stands for (:func:`auditor._analysis.image_facts`)."""
         return self._pipeline().facts
 
     def ops(self) -> pd.DataFrame:
@@ -181,7 +181,7 @@ class Audit:
         return text
 
     def chrome_trace(self) -> dict:
-        """The audit as a Chrome trace (:func:`auditor.display.chrome_trace`), a dict."""
+        """The audit as a Chrome trace (:func:`auditor._display.chrome_trace`), a dict."""
         return chrome_trace(self.ops(), self.hidden, self.causes())
 
     def export_chrome_trace(self, path) -> None:
@@ -196,7 +196,7 @@ class Audit:
         return f"<Audit {len(self.events)} ops, {len(self.tensors)} tensors, {state}{compiled}>"
 
     def _repr_html_(self, top: int = 10, depth: int = 1) -> str:
-        """The report as HTML tables (:func:`auditor.display.audit_html`), for notebooks."""
+        """The report as HTML tables (:func:`auditor._display.audit_html`), for notebooks."""
         html = audit_html(self.ops(), self.hotspots(), self.summary(depth), self.causes(),
                           complete=self.complete, error=self.error, top=top, depth=depth, verified=self.verification)
         if self.compiled:

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import warnings
 
+from ._recording._mode import RecorderMode
+from ._recording._modules import ForwardModuleTracker
+from ._recording._profile import ProfileSession
+from ._recording._torch import current_dispatch_mode_stack, pop_mode, require_recorder
 from ._result import Audit
 from ._step import Step
-from .recording._mode import RecorderMode
-from .recording._modules import ForwardModuleTracker
-from .recording._profile import ProfileSession
-from .recording._torch import current_dispatch_mode_stack, pop_mode, require_recorder
 
 
 class FormatAuditor:
@@ -177,14 +177,14 @@ def record_step(step: Step, *, strict: bool = False, record_source: bool = False
 
 def record_compiled_step(step: Step, compile_options: dict | None = None, record_time: bool = True):
     """Compile ``step``'s model with Inductor (or take the ``torch.compile``'d module it is),
-    run one step under :func:`~auditor.recording._inductor.record_compiled` and return what was
-    lowered as a :class:`~auditor.analysis.CompiledStep`. Gradients are given back the values
+    run one step under :func:`~auditor._recording._inductor.record_compiled` and return what was
+    lowered as a :class:`~auditor._analysis.CompiledStep`. Gradients are given back the values
     they had, so an eager recording of the same step sees what it would have seen."""
     import torch
 
-    from .analysis._compiled import CompiledStep
-    from .recording._inductor import record_compiled
-    from .recording._torch import OptimizedModule
+    from ._analysis._compiled import CompiledStep
+    from ._recording._inductor import record_compiled
+    from ._recording._torch import OptimizedModule
 
     model = step.model
     compiled = model if isinstance(model, OptimizedModule) else torch.compile(model, **(compile_options or {}))

@@ -26,8 +26,8 @@ import torch
 import auditor
 
 from . import plot
-from .display import progress
-from .recording._files import atomic_write
+from ._display import progress
+from ._recording._files import atomic_write
 
 EXIT_OK = 0
 EXIT_FINDINGS = 1
@@ -271,7 +271,7 @@ class Progress:
     """Progress on stderr, one step per stage of each model (building, recording, analysing,
     suggesting fixes, writing files): a ``tqdm`` bar redrawn in place on a terminal, one line per
     step otherwise (a CI log), nothing when switched off (``--no-progress``,
-    ``AUDITOR_PROGRESS=0`` or ``auditor.display.progress.ENABLED = False``)."""
+    ``AUDITOR_PROGRESS=0`` or ``auditor._display.progress.ENABLED = False``)."""
 
     def __init__(self, total: int, stream=None, enabled: bool | None = None):
         self.total, self.done = total, 0
@@ -391,7 +391,7 @@ class ModelAudit:
     report: str
     fixes: str | None
     trace: bool = False  # write trace.json
-    suggested: auditor.fix.Fixes | None = None  # with --fix: writes fixes.patch
+    suggested: auditor._fix.Fixes | None = None  # with --fix: writes fixes.patch
     verified: object = None  # with --verify: Fixes.verify()'s table, written as verify.csv
 
 

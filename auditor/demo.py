@@ -25,8 +25,8 @@ import torch
 
 import auditor
 from auditor import plot
-from auditor.display import format_us, saving_text, verification_text
-from auditor.recording import atomic_write
+from auditor._display import format_us, saving_text, verification_text
+from auditor._recording import atomic_write
 
 #: What ``--out`` receives.
 DEMO_FILES = ("report_before.txt", "fixes.txt", "verify.csv", "fixes.patch", "report_after.txt",

@@ -25,13 +25,13 @@ from matplotlib.backends.backend_agg import RendererAgg
 from matplotlib.figure import Figure
 from matplotlib.font_manager import FontProperties
 
-from . import analysis
+from . import _analysis as analysis
+from ._analysis._ops import op_times
+from ._display import QUANTITIES, short_source, shorten
+from ._recording import _rules as rules
+from ._recording._csv import atomic_write
+from ._recording._formats import base_format
 from ._result import Audit
-from .analysis._ops import op_times
-from .display import QUANTITIES, short_source, shorten
-from .recording import _rules as rules
-from .recording._csv import atomic_write
-from .recording._formats import base_format
 
 
 class AuditFigure(Figure):

@@ -16,9 +16,9 @@ from collections.abc import Callable, Iterable
 import pandas as pd
 
 from ._api import audit
+from ._display import short_source
 from ._result import Audit
 from ._session import FormatAuditor
-from .display import short_source
 
 _PHASES = ("forward", "backward", "other")
 

@@ -2,7 +2,7 @@
 
 For each model, three variants, for inference and for a training step (forward, cross-entropy,
 backward, SGD step): all contiguous; ``model.to(memory_format=torch.channels_last)`` (its input
-converted inside the timed call); planned (``auditor.plan.plan_layout`` then ``apply_plan``,
+converted inside the timed call); planned (``auditor._plan.plan_layout`` then ``apply_plan``,
 fed the same plain contiguous batch). Median times, measured interleaved in one process so that
 load from other processes hits all three alike, and ratios, as a markdown table.
 
@@ -15,7 +15,7 @@ Targets (PASS/FAIL at the end):
 Threads and clock: ``--threads`` defaults to 1. On a shared 2-core machine a parallel region
 waits for a preempted thread, so 2-thread timings swing by several times between runs; run with
 ``--threads 2`` on a quiet machine. At one thread the times are process CPU time, which other
-processes' preemption does not inflate (``auditor.plan.default_clock``); the same samples on the
+processes' preemption does not inflate (``auditor._plan.default_clock``); the same samples on the
 wall clock are printed too. The thread count also changes the kernels (at 1 thread a 1x1
 stride-1 convolution with a small batch runs ``_slow_conv2d`` instead of oneDNN), one more reason
 to measure rather than guess. The load average is printed before and after.
@@ -23,7 +23,7 @@ to measure rather than guess. The load average is printed before and after.
 Memory: glibc by default gives freed memory back to the OS and maps it afresh, so whichever
 variant's tensors land on the wrong side of its thresholds page-faults its activations every
 step (measured: 29,000 minor faults and 20-30% more time per convnext_tiny training step, for
-one of three identically laid-out copies). ``auditor.plan.steady_malloc()`` is called first;
+one of three identically laid-out copies). ``auditor._plan.steady_malloc()`` is called first;
 the ``faults`` column shows minor page faults per step (c/cl/p), which should be 0;
 ``--no-steady-malloc`` shows the artifact.
 
@@ -45,7 +45,8 @@ import torch.nn.functional as F
 import torchvision
 
 import auditor
-from auditor import fix, plan
+from auditor import _fix as fix
+from auditor import _plan as plan
 
 CL = torch.channels_last
 
@@ -212,7 +213,7 @@ def main(argv=None) -> int:
     ap.add_argument("--recordings", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--clock", choices=["cpu", "wall"], default=None,
-                    help="default: cpu time at 1 thread, wall time otherwise (see auditor.plan.default_clock)")
+                    help="default: cpu time at 1 thread, wall time otherwise (see auditor._plan.default_clock)")
     ap.add_argument("--verbose", action="store_true", help="print each plan")
     ap.add_argument("--no-steady-malloc", dest="steady_malloc", action="store_false",
                     help="leave glibc's trim and mmap thresholds alone (page faults then vary by variant)")

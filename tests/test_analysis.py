@@ -13,8 +13,8 @@ from kernels import support_here
 from planted import EXPECTED, MODELS, make
 
 import auditor
-from auditor import analysis
-from auditor.recording import _rules as rules
+from auditor import _analysis as analysis
+from auditor._recording import _rules as rules
 
 CL = torch.channels_last
 

@@ -21,7 +21,7 @@ from kernels import assert_causes_follow_the_kernels, convs_that_lose
 from planted import CAUSE_MODELS, MODELS, absent_here, make, make_cause
 
 import auditor
-from auditor import fix
+from auditor import _fix as fix
 
 CL = torch.channels_last
 
@@ -373,7 +373,7 @@ def test_region_fix_finds_convolutions_whatever_their_type_is_called():
 
 def _emitted_patterns() -> tuple[set[str], list[str]]:
     """(the registry constants ``CauseTracer.pattern`` returns, the bare strings it returns)."""
-    from auditor.analysis import CauseTracer
+    from auditor._analysis import CauseTracer
 
     tree = ast.parse(textwrap.dedent(inspect.getsource(CauseTracer.pattern)))
     named = {node.value.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute) and node.attr == "name"
@@ -389,7 +389,7 @@ def test_every_pattern_the_tracer_can_emit_is_complete():
     timing model replaces, and at least one fix generator; the tracer emits registry constants
     only (a typo fails at once), every registered pattern can be emitted, and the README's
     table is the registry."""
-    from auditor.analysis import PATTERNS, _patterns, fix_generators, pattern
+    from auditor._analysis import PATTERNS, _patterns, fix_generators, pattern
 
     named, bare = _emitted_patterns()
     assert not bare, f"CauseTracer.pattern returns bare strings {bare}: return a registered pattern's name"

@@ -352,7 +352,7 @@ def test_verify_proves_each_fix_and_writes_its_table(models_file, tmp_path, caps
     printed = capsys.readouterr()
     assert "verifying fixes" in printed.err
     table = pd.read_csv(out / "verify.csv")
-    assert set(auditor.fix.VERIFY_COLUMNS) <= set(table.columns)
+    assert set(auditor._fix.VERIFY_COLUMNS) <= set(table.columns)
     row = table[table["kind"] == "fix"].iloc[0]
     assert row["applied"] and row["same_outputs"] and row["hotspots_before"] > 0 and row["hotspots_after"] == 0
     assert "verified" in printed.out  # the report, then the verification

@@ -21,8 +21,8 @@ import torch.nn as nn
 
 import auditor
 from auditor import format_label
-from auditor.analysis._compiled import KEPT, ONLY_COMPILED, REMOVED
-from auditor.recording._torch import TorchInternalsError
+from auditor._analysis._compiled import KEPT, ONLY_COMPILED, REMOVED
+from auditor._recording._torch import TorchInternalsError
 from tests.kernels import convs_that_lose
 
 CL, CL3 = torch.channels_last, torch.channels_last_3d
@@ -337,7 +337,7 @@ def test_an_untested_torch_release_is_refused_with_its_version(monkeypatch):
 
 
 def test_changed_inductor_internals_are_refused(monkeypatch):
-    from auditor.recording import _torch
+    from auditor._recording import _torch
 
     monkeypatch.setitem(_torch.INDUCTOR_SHAPES, "debug.set_kernel_post_grad_provenance_tracing",
                         ("node_schedule", "kernel_name", "no_such_parameter"))

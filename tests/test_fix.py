@@ -14,8 +14,9 @@ import torch.nn as nn
 from planted import make, make_cause
 
 import auditor
-from auditor import fix, plan
-from auditor.display._text import short_source
+from auditor import _fix as fix
+from auditor import _plan as plan
+from auditor._display._text import short_source
 
 CL, CL3 = torch.channels_last, torch.channels_last_3d
 
@@ -307,13 +308,13 @@ def test_applying_swap_and_region_fixes_in_place(fixes, name):
 def test_swap_suggestion_is_code_for_the_module(fixes):
     row = fixes["softmax"][1].frame.iloc[0]
     assert row["module"] == "mid" and row["module_type"] == "Softmax"
-    assert row["suggestion"] == "model.mid = auditor.fix.SoftmaxKeepFormat.from_module(model.mid)"
+    assert row["suggestion"] == "model.mid = auditor._fix.SoftmaxKeepFormat.from_module(model.mid)"
 
 
 def test_region_fix_names_the_convolutions_around_the_break(fixes):
     row = fixes["reshape_copy"][1].frame.iloc[0]
     assert row["region"] == ("conv1", "conv2")
-    assert row["suggestion"] == "auditor.fix.keep_contiguous(model, ['conv1', 'conv2'])"
+    assert row["suggestion"] == "auditor._fix.keep_contiguous(model, ['conv1', 'conv2'])"
     assert "reshape" in row["detail"]
 
 
@@ -530,7 +531,7 @@ def test_a_forced_mixed_plan_converts_at_region_borders(fast_measurements):
         p.with_formats(mid="contiguous")
 
 
-@pytest.mark.filterwarnings("ignore::auditor.plan.NoisyPlanWarning")  # a tiny model, timed for its plan only
+@pytest.mark.filterwarnings("ignore::auditor._plan.NoisyPlanWarning")  # a tiny model, timed for its plan only
 def test_plan_layout_and_apply_plan_reject_bad_input(fast_measurements):
     with pytest.raises(TypeError, match="nn.Module"):
         plan.plan_layout(lambda x: x, torch.randn(1, 3, 4, 4))
@@ -555,7 +556,7 @@ def test_time_interleaved_reports_both_clocks_spread_and_page_faults():
 def test_time_interleaved_times_one_thread_in_cpu_time_with_paired_ratios(monkeypatch):
     """By default one thread, process CPU time, and each callable's paired ratio to the first
     with its interval and a verdict: load from elsewhere cannot turn noise into a saving."""
-    from auditor.measure import _harness
+    from auditor._measure import _harness
 
     seen = []
 

@@ -11,11 +11,12 @@ import pytest
 import torch
 import torch.nn as nn
 
-from auditor import measure, plan
-from auditor.display import progress
-from auditor.measure import _decide as decide
-from auditor.plan import _cut as cut
-from auditor.plan import _layout as layout
+from auditor import _measure as measure
+from auditor import _plan as plan
+from auditor._display import progress
+from auditor._measure import _decide as decide
+from auditor._plan import _cut as cut
+from auditor._plan import _layout as layout
 
 
 class Twins(nn.Module):

@@ -17,8 +17,8 @@ import torch.nn as nn
 from planted import StackThenCopy, make_cause
 
 import auditor
-from auditor import fix
-from auditor.fix import _rewrite, _verify
+from auditor import _fix as fix
+from auditor._fix import _rewrite, _verify
 
 CL = torch.channels_last
 #: rounds enough for the correctness columns and a decision on a planted model, cheap to run
@@ -104,7 +104,7 @@ def test_verdicts_follow_the_interval_of_the_paired_ratios():
     assert _verify.verdict(True, same, hurts) == "hurts"
     assert _verify.verdict(True, _verify.Comparison(False, 1.0, 1.0, "output 0"), helps) == "changes outputs"
     assert _verify.verdict(False, None, None) == "not applied"
-    text = auditor.display.saving_text({"verdict": "hurts", "ratio": 1.2, "ratio_low": 1.1, "ratio_high": 1.3,
+    text = auditor._display.saving_text({"verdict": "hurts", "ratio": 1.2, "ratio_low": 1.1, "ratio_high": 1.3,
                                         "rounds": 7, "saving_us": -20.0, "saving_low_us": -30.0,
                                         "saving_high_us": -10.0})
     assert text.startswith("1.20× slower") and "faster" not in text

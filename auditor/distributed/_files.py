@@ -6,8 +6,8 @@ import glob
 import os
 import re
 
+from .._recording._mode import process_group
 from .._result import Audit
-from ..recording._mode import process_group
 from ._rank_audits import RankAudits
 
 _RANK_FILE = re.compile(r"\.rank(\d+)\.csv$")

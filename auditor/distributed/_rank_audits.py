@@ -8,9 +8,9 @@ import numpy as np
 import pandas as pd
 from pandas.api.types import union_categoricals
 
+from .._analysis import diff
+from .._display import ranks_html, ranks_text
 from .._result import Audit
-from ..analysis import diff
-from ..display import ranks_html, ranks_text
 from ._buckets import bucket_ops, group_bucket_ops
 
 
@@ -130,7 +130,7 @@ class RankAudits:
         return pd.DataFrame(rows, columns=["rank", "ops", "hotspot groups", "hotspot ops", "bytes", "state"])
 
     def _shown(self, own: Callable[[Audit], str]) -> dict:
-        """What its report shows (:mod:`auditor.display`); ``own`` renders the reference rank's
+        """What its report shows (:mod:`auditor._display`); ``own`` renders the reference rank's
         audit."""
         shown = {"world_size": self.world_size, "totals": self._totals()}
         if not self.per_rank:
@@ -159,7 +159,7 @@ def rank_differences(rank_audits: RankAudits | dict[int, Audit] | Iterable[Audit
                      reference: int | None = None) -> pd.DataFrame:
     """Hotspot groups that differ between each rank and ``reference`` (the lowest rank).
 
-    :func:`auditor.analysis.diff` of the reference rank's hotspots against each other rank's,
+    :func:`auditor._analysis.diff` of the reference rank's hotspots against each other rank's,
     with a leading ``rank`` column: ``appeared`` on that rank, ``vanished`` from it, or
     ``changed`` in count or bytes. Empty when every rank has the same hotspots.
     """
