@@ -20,7 +20,7 @@ LAYERS = [
     ("_result", "_session", "_step"),
     ("_fix",),
     ("_plan",),
-    ("_api", "_fake", "distributed", "plot", "cli", "demo", "testing", "pytest_plugin", "__main__", "__init__"),
+    ("_api", "_fake", "distributed", "plot", "cli", "demo", "testing", "__main__", "__init__"),
 ]
 RANK = {name: i for i, names in enumerate(LAYERS) for name in names}
 
