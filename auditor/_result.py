@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import pandas as pd
 
-from . import _analysis as analysis
+from ._analysis import _summaries as summaries
 from ._analysis._compiled import CompiledStep, compiled_report_tables
-from ._display import audit_html, audit_report, chrome_trace, progress, write_chrome_trace
+from ._analysis._flow import FlowGraph
+from ._analysis._pipeline import STAGES, Analysis
+from ._display import progress
 from ._display._compiled import compiled_html, compiled_text
+from ._display._html import audit_html
+from ._display._report import audit_report
+from ._display._trace import chrome_trace, write_chrome_trace
 from ._recording import _csv as csvfile
 from ._recording import _log as log
 from ._recording._files import atomic_write
@@ -41,7 +46,7 @@ class Audit:
         self.hidden = hidden if hidden is not None else log.hidden_frame()
         self.complete = complete
         self.error = error
-        self._analysis: analysis.Analysis | None = None
+        self._analysis: Analysis | None = None
         #: the table of ``Fixes.verify`` once the fixes of this audit were verified (the report
         #: then shows the measured saving beside the estimate), else None
         self.verification: pd.DataFrame | None = None
@@ -117,23 +122,23 @@ class Audit:
         return None
 
     # -- analyses ----------------------------------------------------------------------------
-    def analysis(self) -> analysis.Analysis:
+    def analysis(self) -> Analysis:
         """The analysis of this log (:func:`auditor._analysis.analyze`), every stage run once
         and cached; large audits show a progress bar over the stages (``display.progress``)."""
         a = self._pipeline()
         if not a.done:
-            with progress.bar(len(analysis.STAGES), "analysing the audit", work=len(self.events),
+            with progress.bar(len(STAGES), "analysing the audit", work=len(self.events),
                               min_work=progress.LARGE_AUDIT, unit="stage") as bar:
                 a.run(lambda name: progress.stage(bar, name))
         return a
 
-    def _pipeline(self) -> analysis.Analysis:
+    def _pipeline(self) -> Analysis:
         """The analysis object, its stages run as they are asked for."""
         if self._analysis is None:
-            self._analysis = analysis.Analysis(self.events, self.tensors, self.hidden)
+            self._analysis = Analysis(self.events, self.tensors, self.hidden)
         return self._analysis
 
-    def flow(self) -> analysis.FlowGraph:
+    def flow(self) -> FlowGraph:
         """The data-flow graph of the log (cached): producers and consumers of every op."""
         return self._pipeline().flow
 
@@ -165,7 +170,7 @@ class Audit:
 
     def summary(self, depth: int = 1) -> pd.DataFrame:
         """Per-module totals at ``depth`` (1 = children of the root), in execution order."""
-        return analysis.summary(self.ops(), depth)
+        return summaries.summary(self.ops(), depth)
 
     def coverage(self) -> pd.DataFrame:
         """Per aten op: how often it preserved or lost channels_last on this device and dtype."""
@@ -208,10 +213,10 @@ def diff(before: Audit, after: Audit, include_unchanged: bool = False, by: str =
     """What appeared, vanished or changed between two audits: hotspot groups (``by="group"``)
     or causes (``by="cause"``, with the hotspots and bytes each leads to)."""
     if by == "cause":
-        return analysis.diff_causes(before.causes(), after.causes(), include_unchanged)
+        return summaries.diff_causes(before.causes(), after.causes(), include_unchanged)
     if by != "group":
         raise ValueError(f"by is 'group' or 'cause', got {by!r}")
-    return analysis.diff(before.hotspots(), after.hotspots(), include_unchanged)
+    return summaries.diff(before.hotspots(), after.hotspots(), include_unchanged)
 
 
 def compare_compiled(eager: Audit, compiled: Audit) -> pd.DataFrame:

@@ -29,6 +29,8 @@ from . import plot
 from ._display import progress
 from ._recording._files import atomic_write
 
+__all__ = ["main"]
+
 EXIT_OK = 0
 EXIT_FINDINGS = 1
 EXIT_USAGE = 2
@@ -271,7 +273,7 @@ class Progress:
     """Progress on stderr, one step per stage of each model (building, recording, analysing,
     suggesting fixes, writing files): a ``tqdm`` bar redrawn in place on a terminal, one line per
     step otherwise (a CI log), nothing when switched off (``--no-progress``,
-    ``AUDITOR_PROGRESS=0`` or ``auditor._display.progress.ENABLED = False``)."""
+    ``AUDITOR_PROGRESS=0``)."""
 
     def __init__(self, total: int, stream=None, enabled: bool | None = None):
         self.total, self.done = total, 0
@@ -391,7 +393,7 @@ class ModelAudit:
     report: str
     fixes: str | None
     trace: bool = False  # write trace.json
-    suggested: auditor._fix.Fixes | None = None  # with --fix: writes fixes.patch
+    suggested: auditor.Fixes | None = None  # with --fix: writes fixes.patch
     verified: object = None  # with --verify: Fixes.verify()'s table, written as verify.csv
 
 

@@ -12,9 +12,9 @@ and which kernels, forward or backward).
 
 Then the step's time, compiled against eager: the model is compiled again (Dynamo reset) and
 warmed up outside the timed region, and both steps are timed in interleaved rounds at one
-thread, in process CPU time (``auditor._measure.time_interleaved``); ``compiled / eager`` is the
+thread, in process CPU time (``auditor._measure._harness.time_interleaved``); ``compiled / eager`` is the
 median over rounds of the ratio within a round, with its distribution-free 98% interval
-(``auditor._measure.CONFIDENCE``).
+(``auditor._measure._decide.CONFIDENCE``).
 
 Compiles are slow on a small machine: keep the input small (the default, 2 x 3 x 64 x 64, is audited and compiled
 in 1-4 minutes per model on two cores). Inductor's cache goes to a fresh folder under /tmp
@@ -103,7 +103,7 @@ def timing_row(model, x, rounds: int) -> dict:
     """The compiled step against the eager one, compiled and warmed up outside the timed rounds."""
     import torch
 
-    from auditor._measure import time_interleaved
+    from auditor._measure._harness import time_interleaved
     params = list(model.parameters())
     torch.compiler.reset()
     compiled = torch.compile(model)

@@ -20,6 +20,7 @@ import auditor
 from auditor._display import progress
 from auditor._display._html import source_html, table_html
 from auditor._display._text import short_path
+from auditor._display._units import format_bytes, format_us
 from auditor._recording import _cells as sources
 from auditor.distributed import RankAudits
 
@@ -293,8 +294,8 @@ def test_fixes_table_fix_number_is_right_aligned_and_its_code_left(audit):
 
 
 def test_nothing_reads_as_zero_point_zero():
-    assert auditor._display.format_bytes(0) == "0 B" and auditor._display.format_us(0.0) == "0 s"
-    assert auditor._display.format_bytes(1500) == "1.5 kB"
+    assert format_bytes(0) == "0 B" and format_us(0.0) == "0 s"
+    assert format_bytes(1500) == "1.5 kB"
     plain = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 4, 3))
     report = auditor.audit(plain.to(memory_format=CL), torch.randn(1, 3, 8, 8).to(memory_format=CL),
                            record_time=False).report()

@@ -129,6 +129,50 @@ def test_no_module_is_hidden_by_a_name_of_its_package():
         assert getattr(pkg, leaf, module) is module, f"auditor.{package}.{leaf} is not the module"
 
 
+
+#: The public modules: the facade, the test guard, the figures, distributed audits, and the two
+#: commands (``format-audit``, ``python -m auditor.demo``). Everything else has a leading underscore.
+PUBLIC = {"__init__": "auditor", "testing": "auditor.testing", "plot": "auditor.plot",
+          "distributed.__init__": "auditor.distributed"}
+COMMANDS = {"cli": "auditor.cli", "demo": "auditor.demo", "__main__": None}
+MAX_PUBLIC_NAMES = 40
+
+
+def test_only_the_facade_testing_plot_distributed_and_the_commands_are_public():
+    public = {n for n in _modules() if not any(p.startswith("_") and not p.startswith("__") for p in n.split("."))}
+    assert public == set(PUBLIC) | set(COMMANDS)
+
+
+def test_the_public_names_are_few_and_each_is_documented():
+    import importlib
+
+    names = []
+    for module in PUBLIC.values():
+        mod = importlib.import_module(module)
+        assert len(set(mod.__all__)) == len(mod.__all__), module
+        for name in mod.__all__:
+            assert (getattr(mod, name).__doc__ or "").strip(), f"{module}.{name} has no docstring"
+            names.append(f"{module}.{name}")
+    assert len(names) <= MAX_PUBLIC_NAMES, names
+    for module in filter(None, COMMANDS.values()):
+        assert importlib.import_module(module).__all__ == ["main"]
+
+
+@pytest.mark.parametrize("name", sorted(n for n in _modules() if n.startswith("_") and n.endswith("__init__")
+                                        and n != "__init__"))
+def test_an_internal_package_exports_nothing(name):
+    """Its modules are imported by name: an ``__init__`` that re-exports them would load them all
+    with the package, and make every shared helper look like an API."""
+    tree = ast.parse(_modules()[name].read_text())
+    assert [type(n) for n in tree.body] == [ast.Expr], f"{name} holds more than its docstring"
+
+
+@pytest.mark.parametrize("name", sorted(_modules()))
+def test_no_module_serves_names_it_does_not_define(name):
+    """No module-level ``__getattr__``: every name a module offers is one it defines or imports."""
+    tree = ast.parse(_modules()[name].read_text())
+    assert not [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "__getattr__"]
+
 #: The one module that names torch's private entry points (README, "Which torch").
 FENCE = "_recording._torch"
 

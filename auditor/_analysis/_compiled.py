@@ -12,8 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .._recording import format_label
-from .._recording._formats import AMBIGUOUS, NOT_APPLICABLE, VIEW_SUFFIX
+from .._recording._formats import AMBIGUOUS, NOT_APPLICABLE, VIEW_SUFFIX, format_label
 
 CONVERSION_COLUMNS = ["graph", "phase", "kernel", "from_format", "to_format", "bytes", "time_us", "source", "module",
                       "reason", "weight", "buffers", "note"]

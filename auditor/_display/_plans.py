@@ -72,7 +72,7 @@ def plan_notes(candidates: pd.DataFrame, margin: float, chosen: str) -> list[str
         notes.append(f"note: {note}")
     if (candidates["faults"] > 0).any():
         notes.append("note: page faults while timing (the allocator returns memory to the OS between steps);"
-                     " call auditor._plan.steady_malloc() first for steadier numbers")
+                     " call auditor.steady_malloc() first for steadier numbers")
     return notes
 
 

@@ -21,11 +21,12 @@ import libcst as cst
 import numpy as np
 import torch
 
-from .. import _analysis as analysis
 from .._analysis import _patterns as patterns
-from .._analysis import fix_generators, register_fix
 from .._analysis._activations import parse_tuple
-from .._display import short_source
+from .._analysis._causes import CauseTracer
+from .._analysis._flow import FlowView
+from .._analysis._patterns import fix_generators, register_fix
+from .._display._text import short_source
 from .._recording._cells import recorded
 from . import _rewrite as rw
 from ._keep_format import CONV_SWAPS, SWAPS
@@ -70,7 +71,7 @@ class CauseView:
     """What every generator reads about one cause: its row of ``Audit.causes()``, its first
     event, the forward op it stands for, and the format of the images around it."""
 
-    def __init__(self, view: analysis.FlowView, tracer: analysis.CauseTracer, row):
+    def __init__(self, view: FlowView, tracer: CauseTracer, row):
         ops = view.ops
         self.view, self.tracer, self.row = view, tracer, row
         self.e = int(row.first_seq)
@@ -120,7 +121,7 @@ def _where(source: str) -> tuple[str | None, int]:
     return (path, int(line)) if path and line.isdigit() else (None, 0)
 
 
-def propose(view: analysis.FlowView, tracer: analysis.CauseTracer, row) -> Proposal | None:
+def propose(view: FlowView, tracer: CauseTracer, row) -> Proposal | None:
     """The fix for one cause: the first of its pattern's registered generators that has one, or
     None when no fix is known to help."""
     cause = CauseView(view, tracer, row)
@@ -382,7 +383,7 @@ def _conv_weight_fix(c: CauseView) -> Proposal:
     more = f"  # and {len(modules) - 1} more like it" if len(modules) > 1 else ""
     return c.proposal(WEIGHT, f"{c.module} stores its weight in another format than it computes in and permutes it "
                               f"every step ({c.what}); store it {c.cl_name}",
-                      suggestion=f"auditor._fix.convert_conv{c.rank - 2}d_weight_memory_format({module_expr(c.module)}, "
+                      suggestion=f"auditor.convert_conv{c.rank - 2}d_weight_memory_format({module_expr(c.module)}, "
                                  f"torch.{c.cl_name}){more}", extra={"modules": modules})
 
 
@@ -408,13 +409,13 @@ def _region_fix(c: CauseView) -> Proposal | None:
            if c.pattern == patterns.RESHAPE_MERGE.name else c.row.fix)
     return c.proposal(REGION, f"{why}: {c.what}; run the convolutions around it contiguous so no copy is needed "
                               "(or let auditor.plan_layout measure whether that pays)",
-                      suggestion=f"auditor._fix.keep_contiguous(model, [{names}])", region=region, added_bytes=added)
+                      suggestion=f"auditor.keep_contiguous(model, [{names}])", region=region, added_bytes=added)
 
 
 # -- the data flow around a cause ------------------------------------------------------------------
 
 
-def _rank_of(view: analysis.FlowView, e: int) -> int:
+def _rank_of(view: FlowView, e: int) -> int:
     """The rank of the convolutions' activations around ``e`` (4 or 5): a channel shuffle
     copies a 5-D view of 4-D activations, so ``e``'s own tensors can mislead."""
     nd = view.tensors["ndim"].to_numpy()
@@ -426,7 +427,7 @@ def _rank_of(view: analysis.FlowView, e: int) -> int:
     return 4
 
 
-def _region_around(view: analysis.FlowView, events: list[int]) -> tuple[tuple[str, ...], int]:
+def _region_around(view: FlowView, events: list[int]) -> tuple[tuple[str, ...], int]:
     """The convolutions on both sides of a cause's ``events`` (found in forward), and the bytes
     the region's edges would then convert, per phase."""
     convs: set[int] = set()
@@ -462,7 +463,7 @@ def _region_around(view: analysis.FlowView, events: list[int]) -> tuple[tuple[st
     return tuple(names), added
 
 
-def _output_bytes(view: analysis.FlowView, e: int) -> int:
+def _output_bytes(view: FlowView, e: int) -> int:
     t = view.tensors
     sel = t[(t["seq"] == e) & (t["role"] == "output") & (t["position"] == 0)]
     return int(sel["bytes"].iloc[0]) if len(sel) else 0

@@ -160,18 +160,18 @@ def swap_instance_norm(module: nn.modules.instancenorm._InstanceNorm) -> nn.Grou
 
 #: module type -> (factory of a format-keeping replacement, its name in a suggestion)
 SWAPS = {
-    nn.Softmax: (SoftmaxKeepFormat.from_module, "auditor._fix.SoftmaxKeepFormat.from_module"),
-    nn.LogSoftmax: (SoftmaxKeepFormat.from_module, "auditor._fix.SoftmaxKeepFormat.from_module"),
-    nn.LayerNorm: (LayerNormKeepFormat.from_module, "auditor._fix.LayerNormKeepFormat.from_module"),
-    nn.InstanceNorm2d: (swap_instance_norm, "auditor._fix.swap_instance_norm"),
-    nn.InstanceNorm3d: (swap_instance_norm, "auditor._fix.swap_instance_norm"),
-    nn.AdaptiveAvgPool2d: (GlobalAvgPool.from_module, "auditor._fix.GlobalAvgPool.from_module"),
-    nn.AdaptiveAvgPool3d: (GlobalAvgPool.from_module, "auditor._fix.GlobalAvgPool.from_module"),
+    nn.Softmax: (SoftmaxKeepFormat.from_module, "auditor.SoftmaxKeepFormat.from_module"),
+    nn.LogSoftmax: (SoftmaxKeepFormat.from_module, "auditor.SoftmaxKeepFormat.from_module"),
+    nn.LayerNorm: (LayerNormKeepFormat.from_module, "auditor.LayerNormKeepFormat.from_module"),
+    nn.InstanceNorm2d: (swap_instance_norm, "auditor.swap_instance_norm"),
+    nn.InstanceNorm3d: (swap_instance_norm, "auditor.swap_instance_norm"),
+    nn.AdaptiveAvgPool2d: (GlobalAvgPool.from_module, "auditor.GlobalAvgPool.from_module"),
+    nn.AdaptiveAvgPool3d: (GlobalAvgPool.from_module, "auditor.GlobalAvgPool.from_module"),
 }
 
 
 #: convolution type -> (a replacement with a channels_last kernel where it has none, its name)
-CONV_SWAPS = {nn.Conv3d: (TemporalConv.from_module, "auditor._fix.TemporalConv.from_module")}
+CONV_SWAPS = {nn.Conv3d: (TemporalConv.from_module, "auditor.TemporalConv.from_module")}
 
 
 def swap_module(model: nn.Module, name: str, table: dict | None = None) -> nn.Module:

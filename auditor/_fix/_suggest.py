@@ -21,8 +21,9 @@ import torch
 import torch.nn as nn
 
 from .._analysis._causes import WEIGHT as WEIGHT_CAUSE
-from .._display import fixes_html, fixes_text, format_bytes, verification_html, verification_text
-from .._recording import atomic_write
+from .._display._fixes import fixes_html, fixes_text, verification_html, verification_text
+from .._display._units import format_bytes
+from .._recording._files import atomic_write
 from .._result import Audit
 from .._session import record_step
 from .._step import Step

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .._measure import MIN_ROUNDS, Rounds, default_clock, median_interval, ratios, torch_threads
+from .._measure._decide import MIN_ROUNDS, median_interval, ratios
+from .._measure._harness import Rounds, default_clock, torch_threads
 from .._recording._torch import pytree
 from .._step import Step
 

@@ -1,42 +1,9 @@
-"""Measuring: how two or more versions of a step are timed against each other on a noisy machine.
+"""Measuring (internal): how two or more versions of a step are timed against each other on a
+noisy machine.
 
 Owns the timing harness (``_harness``: interleaved rounds, A B, B A, ..., on a chosen clock,
 process CPU time at one thread, and steady memory to time on) and the decisions drawn from it
 (``_decide``: the median of the paired ratios within rounds and its distribution-free
 interval, and whether it clears a margin). The layout plan and the fix verification both measure
-through it. Imports torch, numpy and pandas only.
+through it. Imports torch, numpy and pandas only. The package itself exports nothing.
 """
-
-from ._decide import CONFIDENCE, MIN_ROUNDS, Decision, decide, median_interval, ratios
-from ._harness import (
-    Rounds,
-    default_clock,
-    median_times,
-    minor_faults,
-    sample,
-    spread,
-    steady_malloc,
-    sync,
-    time_interleaved,
-    torch_threads,
-)
-
-__all__ = [
-    "CONFIDENCE",
-    "MIN_ROUNDS",
-    "Decision",
-    "Rounds",
-    "decide",
-    "default_clock",
-    "median_interval",
-    "median_times",
-    "minor_faults",
-    "ratios",
-    "sample",
-    "spread",
-    "steady_malloc",
-    "sync",
-    "time_interleaved",
-    "torch_threads",
-]
-

@@ -1,4 +1,4 @@
-"""Measured layout plans: which convolutions to run channels_last, and where to convert.
+"""Measured layout plans (internal): which convolutions to run channels_last, and where to convert.
 
 Converting a whole model to channels_last does not always pay: some convolutions run faster
 contiguous on a given device, dtype and shape, and every op without a channels_last kernel
@@ -24,44 +24,6 @@ The package owns the plan's data flow (``_graph``), applying formats to a model 
 the minimum cut (``_cut``), the measurements (``_measure``, timed through :mod:`auditor._measure`),
 checking outputs (``_check``), the plan itself (``_layout``) and applying it (``_apply``). It
 imports the fixes, the analysis, the session and the measuring harness; nothing below imports it.
-The harness's names (``Rounds``, ``time_interleaved``, ...) are re-exported here, where they were.
+The package itself exports nothing: :func:`auditor.plan_layout` and :func:`auditor.apply_plan` are
+the public entry points.
 """
-
-from .._measure import (
-    Decision,
-    Rounds,
-    default_clock,
-    median_times,
-    steady_malloc,
-    time_interleaved,
-)
-from ._apply import AppliedPlan, apply_plan
-from ._layout import (
-    CANDIDATE_COLUMNS,
-    CONV_COLUMNS,
-    PLAN_CONVERSION_COLUMNS,
-    LayoutPlan,
-    NoisyPlanWarning,
-    plan_layout,
-)
-from ._measure import MODEL_SAMPLE_US, SAMPLE_US
-
-__all__ = [
-    "CANDIDATE_COLUMNS",
-    "PLAN_CONVERSION_COLUMNS",
-    "CONV_COLUMNS",
-    "MODEL_SAMPLE_US",
-    "SAMPLE_US",
-    "AppliedPlan",
-    "Decision",
-    "LayoutPlan",
-    "NoisyPlanWarning",
-    "Rounds",
-    "apply_plan",
-    "default_clock",
-    "median_times",
-    "plan_layout",
-    "steady_malloc",
-    "time_interleaved",
-]
-

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pandas as pd
 import torch.nn as nn
 
-from .._display import applied_html, applied_text
+from .._display._plans import applied_html, applied_text
 from .._fix._hooks import is_conv_module
 from .._result import Audit
 from ._assign import apply_formats

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .._analysis import FlowView, parse_tuple
+from .._analysis._activations import parse_tuple
+from .._analysis._flow import FlowView
 from .._recording import _rules as rules
 from .._recording._formats import base_format
 from .._result import Audit

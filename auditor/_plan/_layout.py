@@ -12,12 +12,20 @@ import pandas as pd
 import torch
 import torch.nn as nn
 
-from .._analysis import FlowView
-from .._display import decisions_text, noise_note, plan_headline, plan_html, plan_notes, plan_text
+from .._analysis._flow import FlowView
+from .._display._plans import (
+    decisions_text,
+    noise_note,
+    plan_headline,
+    plan_html,
+    plan_notes,
+    plan_text,
+)
 from .._display.progress import bar as progress_bar
 from .._fix._convert import layout_name, to_channels_last, to_contiguous
 from .._fix._hooks import is_conv_module, remove_input_formats
-from .._measure import decide, default_clock, ratios
+from .._measure._decide import decide, ratios
+from .._measure._harness import default_clock
 from .._recording._formats import base_format
 from .._recording._torch import pytree
 from .._result import Audit

@@ -13,7 +13,8 @@ import torch
 import torch.nn as nn
 
 from .._fix._convert import CHANNELS_LAST_OF_RANK, convert_param
-from .._measure import Decision, Rounds, decide, median_interval, median_times, ratios
+from .._measure._decide import Decision, decide, median_interval, ratios
+from .._measure._harness import Rounds, median_times
 from .._step import Step
 from ._assign import CL_NAME, FORMAT_OF, apply_formats, converted_inputs, rank_names
 from ._check import record

@@ -25,6 +25,7 @@ import torch
 
 from . import _torch as T
 from ._cells import readable
+from ._errors import CompileError
 from ._inductor_graph import read_graph
 
 
@@ -158,10 +159,6 @@ def _name_cells(kernels: list[dict]) -> None:
     for k in kernels:
         k["source"] = readable([k["source"]])[0] if k["source"] else ""
         k["sources"] = ";".join(readable(k["sources"].split(";"))) if k["sources"] else ""
-
-
-class CompileError(RuntimeError):
-    """``torch.compile`` could not compile the model: Dynamo's or Inductor's reason, first line."""
 
 
 def _first_line(exc: BaseException) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .._analysis import floating_rows
+from .._analysis._activations import floating_rows
 from .._recording._formats import CHANNELS_LAST, CHANNELS_LAST_3D, CONTIGUOUS, OTHER, base_format
 from .._result import Audit
 

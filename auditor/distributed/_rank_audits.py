@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 from pandas.api.types import union_categoricals
 
-from .._analysis import diff
-from .._display import ranks_html, ranks_text
+from .._analysis._summaries import diff
+from .._display._ranks import ranks_html, ranks_text
 from .._result import Audit
 from ._buckets import bucket_ops, group_bucket_ops
 
