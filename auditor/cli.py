@@ -25,7 +25,6 @@ import torch
 
 import auditor
 
-from . import plot
 from ._display import progress
 from ._recording._files import atomic_write
 
@@ -520,6 +519,8 @@ class Target:
 
 def _writers(result: ModelAudit) -> dict[str, Callable[[Path], object]]:
     """Each file of one model's audit, named as in OUTPUT_FILES, and how to write it to a path."""
+    from . import plot  # matplotlib: only when files are written
+
     audit, depth = result.audit, result.depth
     files = {
         "events.csv": audit.to_csv,

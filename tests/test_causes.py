@@ -390,7 +390,8 @@ def test_every_pattern_the_tracer_can_emit_is_complete():
     only (a typo fails at once), every registered pattern can be emitted, and the README's
     table is the registry."""
     from auditor._analysis import _patterns
-    from auditor._analysis._patterns import PATTERNS, fix_generators, pattern
+    from auditor._analysis._patterns import PATTERNS, pattern
+    from auditor._fix._generators import fix_generators
 
     named, bare = _emitted_patterns()
     assert not bare, f"CauseTracer.pattern returns bare strings {bare}: return a registered pattern's name"

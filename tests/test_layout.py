@@ -209,3 +209,17 @@ def test_only_the_fence_names_private_torch_entry_points(name):
 def test_the_fence_check_sees_private_names():
     code = "import torch\nfrom torch._C import x\nfrom torch.utils import _pytree\ny = torch._C._f\nz = torch.nn.Conv2d"
     assert _private_torch_names(ast.parse(code)) == ["torch._C", "torch.utils", "torch._C._f"]
+
+
+def test_import_auditor_leaves_the_features_heavy_imports_to_the_features():
+    """libcst (source edits), matplotlib (figures, units) and the Inductor-reading modules
+    (compiled audits) load when a feature first needs them, not with ``import auditor``."""
+    import subprocess
+    import sys
+
+    heavy = ["libcst", "matplotlib", "auditor._recording._inductor", "auditor._recording._inductor_graph",
+             "auditor._fix._rewrite", "auditor._display._axes", "auditor.plot"]
+    code = f"import sys, auditor; print([m for m in {heavy!r} if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=PACKAGE.parent).stdout
+    assert out.strip() == "[]"

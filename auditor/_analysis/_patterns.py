@@ -2,20 +2,17 @@
 
 A pattern names how an image left its format (from ops, shapes, strides and data flow, never
 from names of models or modules): what happened, the one-line remedy the README's table gives,
-the fix text a cause carries, what the timing model puts in place of the cause's own ops, and
-the fix generators the fix layer registers for it. Adding a pattern is one
-:func:`register_pattern` call here, the tracer's rule that emits it
-(:meth:`auditor._analysis.CauseTracer.pattern`) and one :func:`register_fix` for its generator;
-``tests/test_causes.py`` checks that every pattern the tracer can emit is complete, and that the
-README's table is this registry.
-
-Registration works like ``torch.utils.flop_counter.register_flop_formula``: the fix layer, above
-this one, decorates its generators with :func:`register_fix`.
+the fix text a cause carries, and what the timing model puts in place of the cause's own ops.
+Adding a pattern is one :func:`register_pattern` call here, the tracer's rule that emits it
+(:meth:`auditor._analysis._causes.CauseTracer.pattern`) and one
+:func:`auditor._fix._generators.register_fix` for its generator, in the module that holds the
+generators' registry; ``tests/test_causes.py`` checks that every pattern the tracer can emit is
+complete, and that the README's table is this registry. The registry is internal: detection is
+the tracer's code, so a pattern registered from outside would never be emitted.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 #: What a fix puts in place of a cause's own ops (:attr:`Pattern.replaces`): one pass that writes
@@ -45,8 +42,6 @@ class Pattern:
 
 #: name -> pattern, in the order they were registered
 PATTERNS: dict[str, Pattern] = {}
-#: pattern name -> the fix generators registered for it, most specific first
-_GENERATORS: dict[str, list[Callable]] = {}
 
 
 def register_pattern(name: str, *, happened: str, remedy: str, fix: str, replaces: str | None = None) -> Pattern:
@@ -65,27 +60,6 @@ def pattern(name: str) -> Pattern:
         return PATTERNS[name]
     except KeyError:
         raise KeyError(f"no cause pattern {name!r}; registered: {', '.join(PATTERNS)}") from None
-
-
-def register_fix(*names: str) -> Callable[[Callable], Callable]:
-    """Decorator: register a fix generator for the patterns ``names`` (each must be registered),
-    after those registered before it. A generator takes what the fix layer knows of one cause
-    and returns a fix, or None when it does not apply, so the next one is tried."""
-    for name in names:
-        pattern(name)
-
-    def register(generator: Callable) -> Callable:
-        for name in names:
-            _GENERATORS.setdefault(name, []).append(generator)
-        return generator
-    return register
-
-
-def fix_generators(name: str) -> list[Callable]:
-    """The generators registered for pattern ``name``, in order (empty before the fix layer is
-    imported)."""
-    pattern(name)
-    return list(_GENERATORS.get(name, ()))
 
 
 EXPLICIT_COPY = register_pattern(

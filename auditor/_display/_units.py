@@ -1,34 +1,42 @@
 """Numbers for people: bytes and times in engineering units, one style everywhere.
 
 matplotlib's ``EngFormatter`` does the work, so report text, table cells and plot axes agree
-("802.8 kB", "404.7 µs").
+("802.8 kB", "404.7 µs"); matplotlib is imported when the first number is written, and the axes'
+formatters (:mod:`._axes`) only by a figure.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from matplotlib.axis import Axis
-from matplotlib.ticker import EngFormatter, Formatter, MaxNLocator, StrMethodFormatter
+if TYPE_CHECKING:
+    from matplotlib.axis import Axis
+    from matplotlib.ticker import Formatter
 
-#: Formatters for text only: a formatter binds to the axis it formats, so axes get their own
-#: from :meth:`Quantity.axis_formatter`.
-BYTES = EngFormatter(unit="B", places=1)
-SECONDS = EngFormatter(unit="s", places=1)
+
+@functools.cache
+def _text_formatter(unit: str):
+    """The one formatter of ``unit`` for text (a formatter binds to the axis it formats, so axes
+    get their own from :meth:`Quantity.axis_formatter`)."""
+    from matplotlib.ticker import EngFormatter
+
+    return EngFormatter(unit=unit, places=1)
 
 
 def format_bytes(n: float) -> str:
     """``802800`` -> ``802.8 kB``; nothing is ``0 B``, not ``0.0 B``."""
-    return "0 B" if n == 0 else BYTES.format_eng(float(n))
+    return "0 B" if n == 0 else _text_formatter("B").format_eng(float(n))
 
 
 def format_us(us: float) -> str:
     """A time in microseconds -> ``404.7 µs``, ``58.4 ms``; no time is ``0 s``; NaN -> ``-``."""
     if us is None or (isinstance(us, float) and math.isnan(us)):
         return "-"
-    return "0 s" if us == 0 else SECONDS.format_eng(float(us) * 1e-6)
+    return "0 s" if us == 0 else _text_formatter("s").format_eng(float(us) * 1e-6)
 
 
 @dataclass(frozen=True)
@@ -45,42 +53,16 @@ class Quantity:
     def axis_formatter(self) -> Formatter:
         """A new formatter for one axis: matplotlib binds a formatter to the axis it formats, so
         two axes must not share one. Engineering units never print an offset such as ``1e7``."""
-        if self.unit is None:
-            return StrMethodFormatter("{x:,.0f}")
-        return _ScaledEngFormatter(unit=self.unit, scale=self.scale)
+        from ._axes import axis_formatter
+
+        return axis_formatter(self.unit, self.scale)
 
     def format_axis(self, axis: Axis) -> None:
         """Ticks of ``axis`` (``ax.xaxis``, a colourbar's ``cbar.ax.yaxis``) in this unit;
         counts get integer ticks only."""
-        if self.unit is None:
-            axis.set_major_locator(MaxNLocator(integer=True))
-        axis.set_major_formatter(self.axis_formatter())
+        from ._axes import format_axis
 
-
-class _ScaledEngFormatter(EngFormatter):
-    """``EngFormatter`` for data stored in a sub-unit (times are stored in µs, read in s), whose
-    ticks read in one prefix (``0 ms``, ``20 ms``, not ``0 s``, ``20 ms``)."""
-
-    def __init__(self, unit: str, scale: float = 1.0):
-        super().__init__(unit=unit)
-        self.scale = scale
-
-    def format_data(self, value):
-        return super().format_data(value * self.scale)
-
-    def format_ticks(self, values):
-        """All ticks in one prefix, that of the largest tick shown (``0 ms``, ``0.5 ms``, ``1 ms``,
-        not ``0 s``, ``500 µs``, ``1 ms``): the locator's ticks run past the axis' ends, so only
-        those inside it choose."""
-        scaled = [v * self.scale for v in values]
-        lo, hi = sorted(self.axis.get_view_interval()) if self.axis is not None else (min(values), max(values))
-        span = max(abs(hi - lo), 1e-300)
-        shown = [abs(x) for v, x in zip(values, scaled) if x and lo - 1e-9 * span <= v <= hi + 1e-9 * span]
-        if not shown:
-            return super().format_ticks(values)
-        exp = min(max(int(math.floor(math.log10(max(shown)) / 3) * 3), min(self.ENG_PREFIXES)), max(self.ENG_PREFIXES))
-        unit = f"{self.ENG_PREFIXES[exp]}{self.unit}"
-        return [f"{x / 10 ** exp:.3g} {unit}" for x in scaled]
+        format_axis(axis, self.unit, self.scale)
 
 
 #: The value kinds figures know, by name: ``bytes`` (permuted bytes), ``count`` (hotspot ops),

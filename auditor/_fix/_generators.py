@@ -1,12 +1,13 @@
 """The fix generators: for each cause pattern, the change that removes the cause, made from the
-audit's data flow and the cause line's syntax tree, registered with the pattern registry
-(:func:`auditor._analysis.register_fix`).
+audit's data flow and the cause line's syntax tree, each registered here for the patterns of
+:mod:`auditor._analysis._patterns` it fixes (:func:`register_fix`, :func:`fix_generators`).
 
 A generator returns a :class:`Proposal`: what to do (edit the source, swap a module, convert a
 weight, keep a region contiguous), the text the user reads, and, where the change can be made
 automatically, what makes it: a statement rewrite (:mod:`._rewrite`), a module to swap, a
 region. Where the line does not have the shape a rewrite needs, the proposal stays "by hand"
-and says why: a wrong edit is worse than none.
+and says why: a wrong edit is worse than none. The rewrites need libcst, imported when a fix is
+first proposed, not with the package.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import linecache
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import libcst as cst
 import numpy as np
 import torch
 
@@ -25,16 +26,42 @@ from .._analysis import _patterns as patterns
 from .._analysis._activations import parse_tuple
 from .._analysis._causes import CauseTracer
 from .._analysis._flow import FlowView
-from .._analysis._patterns import fix_generators, register_fix
 from .._display._text import short_source
 from .._recording._cells import recorded
-from . import _rewrite as rw
 from ._keep_format import CONV_SWAPS, SWAPS
 from ._patch import live_functions
+
+if TYPE_CHECKING:  # the rewrites need libcst: imported when a fix is first proposed
+    from . import _rewrite as rw
 
 EDIT, SWAP, WEIGHT, REGION = "edit source", "swap module", "convert weight", "keep region contiguous"
 #: a cause no generator has a fix for
 BY_HAND = "by hand"
+
+
+#: pattern name -> the fix generators registered for it, most specific first; filled below, in
+#: this module, so whoever can ask for a generator has them all
+_GENERATORS: dict[str, list[Callable]] = {}
+
+
+def register_fix(*names: str) -> Callable[[Callable], Callable]:
+    """Decorator: register a fix generator for the patterns ``names`` (each must be registered),
+    after those registered before it. A generator takes what the fix layer knows of one cause
+    and returns a fix, or None when it does not apply, so the next one is tried."""
+    for name in names:
+        patterns.pattern(name)
+
+    def register(generator: Callable) -> Callable:
+        for name in names:
+            _GENERATORS.setdefault(name, []).append(generator)
+        return generator
+    return register
+
+
+def fix_generators(name: str) -> list[Callable]:
+    """The generators registered for pattern ``name``, in order."""
+    patterns.pattern(name)
+    return list(_GENERATORS.get(name, ()))
 
 
 @dataclass
@@ -142,6 +169,8 @@ def _functions(path: str, line: int) -> list[types.FunctionType]:
 def _facts(c: CauseView, fns: list[types.FunctionType], dims: tuple[int, ...] = ()) -> rw.Facts:
     """The facts a rewrite of ``c``'s line needs: the format, the name torch goes by where the
     line runs, the names in use there."""
+    from . import _rewrite as rw
+
     torch_name, taken = None, set()
     for fn in fns:
         code = fn.__code__
@@ -153,12 +182,18 @@ def _facts(c: CauseView, fns: list[types.FunctionType], dims: tuple[int, ...] = 
     return rw.Facts(cl=c.cl_name, rank=c.rank, torch=torch_name, dims=dims, taken=frozenset(taken))
 
 
-def _statement_edit(c: CauseView, rewrite: Callable, dims: tuple[int, ...] = (), span: int = 1,
+def _statement_edit(c: CauseView, rewrite: str, dims: tuple[int, ...] = (), span: int = 1,
                     **shown) -> Proposal:
-    """An edit of ``c``'s statement by ``rewrite``: tried now, on the statement as it is, so
+    """An edit of ``c``'s statement by the rewrite named ``rewrite`` (a function of
+    :mod:`._rewrite`): tried now, on the statement as it is, so
     that a statement without the shape the rewrite needs is reported by hand, with the reason.
     With ``span`` above 1 the rewrite may also need up to that many statements from the line
     on (a value made on the line and used on the next), tried from the shortest."""
+    from libcst import ParserSyntaxError
+
+    from . import _rewrite as rw
+
+    rewrite = getattr(rw, rewrite)
     detail = shown.pop("detail", c.row.fix)
     if c.path is None:
         return c.proposal(EDIT, f"{detail} (audit with record_source=True for the line)",
@@ -176,7 +211,7 @@ def _statement_edit(c: CauseView, rewrite: Callable, dims: tuple[int, ...] = (),
         except rw.Refused as exc:
             reason = reason or str(exc)
             continue
-        except cst.ParserSyntaxError as exc:
+        except ParserSyntaxError as exc:
             reason = reason or f"the statement does not parse ({exc.message})"
             continue
         return c.proposal(EDIT, detail, line=statement.text.rstrip("\n"), suggestion=new.rstrip("\n"),
@@ -193,7 +228,7 @@ def _explicit_copy_fix(c: CauseView) -> Proposal:
     detail = (f"{c.what} copies the activation into contiguous order between two convolutions; keep it "
               f"{c.cl_name}" + (f" (or remove the call: its input is already dense {c.cl_name})" if frm == c.cl_name
                                 else ""))
-    return _statement_edit(c, rw.keep_format_in_copy, detail=detail)
+    return _statement_edit(c, "keep_format_in_copy", detail=detail)
 
 
 def _torch_module_type(name: str, table) -> type | None:
@@ -218,7 +253,7 @@ def _mean_fix(c: CauseView) -> Proposal:
         return _swap(c, modules, typ, SWAPS,
                      f"{c.row.fix} (it runs inside {modules[0]}, a {typ.__name__}); the replacement computes the same "
                      "values and its backward keeps the format")
-    return _statement_edit(c, rw.pool_by_sum, detail=f"{c.row.fix.split(':')[0]}: a sum divided by H·W computes the "
+    return _statement_edit(c, "pool_by_sum", detail=f"{c.row.fix.split(':')[0]}: a sum divided by H·W computes the "
                                                      "mean's values, and its backward broadcasts a view")
 
 
@@ -229,12 +264,12 @@ def _stack_fix(c: CauseView) -> Proposal:
     if ins and outs and len(ins[0]) == len(outs[0]) + 1:
         a, b = ins[0], outs[0]
         dims = tuple(d for d in range(len(a)) if a[:d] + a[d + 1:] == b)  # more than one where sizes repeat
-    return _statement_edit(c, rw.add_the_branches, dims=dims)
+    return _statement_edit(c, "add_the_branches", dims=dims)
 
 
 @register_fix(patterns.NC11_BROADCAST.name)
 def _broadcast_fix(c: CauseView) -> Proposal:
-    return _statement_edit(c, rw.broadcast_the_map)
+    return _statement_edit(c, "broadcast_the_map")
 
 
 @register_fix(patterns.CHANNEL_SLICE.name)
@@ -244,7 +279,7 @@ def _slice_fix(c: CauseView) -> Proposal:
                           reason="the channels are split already: the contiguous zeros come from PyTorch's own backward "
                                  "of a split or chunk, for the part that is not used, and no rewrite of the line keeps "
                                  "the format")
-    return _statement_edit(c, rw.split_the_channels)
+    return _statement_edit(c, "split_the_channels")
 
 
 #: ops whose backward writes zeros for the parts that are not used (PyTorch's own)
@@ -254,7 +289,7 @@ _SPLITS = ("aten.split", "aten.chunk", "aten.unbind", "aten.split_with_sizes", "
 @register_fix(patterns.INPLACE_VIEW.name)
 def _inplace_fix(c: CauseView) -> Proposal:
     reason = _base_read_after(c)
-    found = _statement_edit(c, rw.out_of_place)
+    found = _statement_edit(c, "out_of_place")
     if reason and found.automatic:
         found.reason, found.edit = reason, None
     return found
@@ -300,13 +335,15 @@ def _descends(c: CauseView, tid: int, ancestor: int) -> bool:
 
 @register_fix(patterns.WEIGHT_REBUILT.name)
 def _weight_rebuilt_fix(c: CauseView) -> Proposal:
-    return _statement_edit(c, rw.flatten_in_memory_order, span=3)
+    return _statement_edit(c, "flatten_in_memory_order", span=3)
 
 
 @register_fix(patterns.CHANNEL_SHUFFLE.name)
 def _channel_shuffle_fix(c: CauseView) -> Proposal:
     """A channel shuffle written view -> transpose -> .contiguous() -> view: when it is a function
     of its own with (x, groups), its body becomes torch's format-keeping channel_shuffle."""
+    from . import _rewrite as rw
+
     detail = (f"this is a channel shuffle written as view -> transpose -> .contiguous() -> view, which writes "
               f"contiguous order ({c.what}); torch.nn.functional.channel_shuffle (nn.ChannelShuffle) computes the "
               f"same values and keeps {c.cl_name}")
@@ -330,6 +367,8 @@ def _channel_shuffle_fix(c: CauseView) -> Proposal:
 def _function_body(path: str, line: int) -> tuple[rw.Statement, tuple[str, str]]:
     """(the body of the function that holds ``line``, less its docstring; its two positional
     parameters), for a function that takes exactly those two."""
+    from . import _rewrite as rw
+
     lines = linecache.getlines(path)
     try:
         tree = ast.parse("".join(lines))

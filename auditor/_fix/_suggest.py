@@ -27,7 +27,6 @@ from .._recording._files import atomic_write
 from .._result import Audit
 from .._session import record_step
 from .._step import Step
-from . import _rewrite as rw
 from . import _verify as verification
 from ._convert import CHANNELS_LAST_OF_RANK, FORMAT_NAMES
 from ._generators import BY_HAND, EDIT, REGION, SWAP, WEIGHT, Proposal, propose
@@ -150,6 +149,8 @@ class Fixes:
     def _planned_edits(self, numbers: list[int]) -> tuple[list[tuple[SourceEdit, list[int]]], dict[int, str]]:
         """([(the edit of one statement, the fixes it makes)], per edit fix that cannot be made:
         why)."""
+        from . import _rewrite as rw  # libcst: only once a fix edits source
+
         statements: dict[tuple, list[tuple[int, Proposal]]] = {}
         failed: dict[int, str] = {}
         for n in numbers:
