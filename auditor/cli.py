@@ -436,7 +436,7 @@ def audit_model(spec: str, folder: Path | None, target: Target, progress: Progre
             with blame(InternalError, f"verifying the fixes of {spec}"):
                 verified = suggested.verify(model, x, backward=not args.no_backward)
             with blame(InternalError, f"analysing {spec}"):
-                report = audit.report(top=args.top, depth=args.depth)  # with the measured savings
+                report = audit.report(top=args.top, depth=args.depth, verification=verified)  # measured savings
         fixes = str(suggested)
     result = ModelAudit(audit, args.depth, report, fixes, args.trace, suggested, verified)
     text = target.title(spec, dims) + "\n" + "\n\n".join(t for t in (report, fixes) if t is not None)
@@ -541,10 +541,10 @@ def _writers(result: ModelAudit) -> dict[str, Callable[[Path], object]]:
         files["verify.csv"] = lambda p: result.verified.to_csv(p, index=False)
     if result.trace:
         files["trace.json"] = audit.export_chrome_trace
-    if audit.compiled:
-        files["conversions.csv"] = lambda p: audit.conversions().to_csv(p, index=False)
-        files["graphs.csv"] = lambda p: audit.graphs().to_csv(p, index=False)
-        files["compiled.csv"] = audit.compiled_to_csv
+    if audit.compiled is not None:
+        files["conversions.csv"] = lambda p: audit.compiled.conversions().to_csv(p, index=False)
+        files["graphs.csv"] = lambda p: audit.compiled.graphs().to_csv(p, index=False)
+        files["compiled.csv"] = audit.compiled.to_csv
     return files
 
 

@@ -7,7 +7,7 @@ model and input of ``--batch`` samples of ``--size`` x ``--size``), one compiled
 training step (forward, the sum of the outputs, backward): ``auditor.audit(model, x,
 compile=True)``. The row says how many causes the eager step has (``Audit.causes()``), how many
 of them the compiler removes (``compare_compiled``: ``removed by the compiler``), and the
-conversions left in the compiled step (``Audit.conversions()``: their count, total kernel time
+conversions left in the compiled step (``Audit.compiled.conversions()``: their count, total kernel time
 and which kernels, forward or backward).
 
 Then the step's time, compiled against eager: the model is compiled again (Dynamo reset) and
@@ -93,7 +93,7 @@ def audit_row(spec: str, model, x) -> dict:
     a = auditor.audit(model, x, compile=True)
     seconds = time.perf_counter() - t0
     compared = auditor.compare_compiled(a, a)
-    conv = a.conversions()
+    conv = a.compiled.conversions()
     return {"model": spec, "audit_s": seconds, "causes": len(a.causes()),
             "removed": int((compared["status"] == REMOVED).sum()),
             "conversions": len(conv), "conversion_us": float(conv["time_us"].sum()), "kernels": kernels_text(conv)}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from .._recording._files import atomic_write
 from .._recording._formats import AMBIGUOUS, NOT_APPLICABLE, VIEW_SUFFIX, format_label
 
 CONVERSION_COLUMNS = ["graph", "phase", "kernel", "from_format", "to_format", "bytes", "time_us", "source", "module",
@@ -199,14 +200,15 @@ def compare_compiled(causes: pd.DataFrame, kernels: pd.DataFrame, conv: pd.DataF
 
 
 class CompiledStep:
-    """What Inductor lowered for one compiled step, as recorded (``graphs``, ``kernels`` with
-    their times, ``buffers``), and the tables derived from it."""
+    """What Inductor lowered for one compiled step (``Audit.compiled``), as recorded: the graphs,
+    the kernels with their times, the buffers with their layouts; and the tables drawn from them.
+    A finished value, like the Audit that holds it."""
 
     TABLES = ("graphs", "kernels", "buffers")
 
     def __init__(self, graphs: pd.DataFrame, kernels: pd.DataFrame, buffers: pd.DataFrame, torch_version: str = ""):
-        self.graphs, self.kernels, self.buffers = graphs, kernels, buffers
-        self.torch_version = torch_version
+        self._graphs, self._kernels, self._buffers = graphs, kernels, buffers
+        self._torch_version = torch_version
         self._conversions: pd.DataFrame | None = None
 
     @classmethod
@@ -217,22 +219,49 @@ class CompiledStep:
         k["time_us"] = [times.get(key, np.nan) for key in zip(k["graph"], k["phase"], k["order"])]
         return cls(pd.DataFrame(graphs), k, pd.DataFrame(buffers), torch_version)
 
+    @property
+    def torch_version(self) -> str:
+        """The torch that compiled the step."""
+        return self._torch_version
+
     def conversions(self) -> pd.DataFrame:
+        """One row per kernel that reads an image in one physical order and writes it in another,
+        or copies a convolution weight every step (README, "Compiled models")."""
         if self._conversions is None:
-            self._conversions = conversions(self.kernels, self.buffers, self.graphs)
+            self._conversions = conversions(self._kernels, self._buffers, self._graphs)
         return self._conversions.copy()
 
-    def graph_table(self) -> pd.DataFrame:
-        return compiled_graphs(self.kernels, self.buffers, self.graphs, self.conversions())
+    def graphs(self) -> pd.DataFrame:
+        """Per graph Inductor lowered (forward and backward, one per graph break): whether layout
+        optimization ran and why, each convolution's layout, kernels, conversions and time."""
+        return compiled_graphs(self._kernels, self._buffers, self._graphs, self.conversions())
+
+    def kernels(self) -> pd.DataFrame:
+        """Every kernel of the step in code order, with its time and source."""
+        return self._kernels.copy()
 
     def compare(self, causes: pd.DataFrame) -> pd.DataFrame:
-        return compare_compiled(causes, self.kernels, self.conversions())
+        """An eager audit's ``causes()`` beside this step (``auditor.compare_compiled``)."""
+        return compare_compiled(causes, self._kernels, self.conversions())
 
-    def to_csv(self) -> str:
-        """The recorded rows as one CSV text: a ``table`` column says which table each row is in."""
-        frames = [f.assign(table=name) for name, f in zip(self.TABLES, (self.graphs, self.kernels, self.buffers))]
-        head = pd.DataFrame({"table": ["torch"], "output_code": [self.torch_version]})
-        return pd.concat([head, *frames], ignore_index=True).to_csv(index=False)
+    def to_csv(self, path_or_buf=None) -> str | None:
+        """The recorded rows as one CSV (a ``table`` column says which table each row is in),
+        from which ``Audit.read_csv(..., compiled=)`` rebuilds every table: written to a path
+        (atomically) or a buffer, or returned as text without one."""
+        frames = [f.assign(table=name) for name, f in zip(self.TABLES, (self._graphs, self._kernels, self._buffers))]
+        head = pd.DataFrame({"table": ["torch"], "output_code": [self._torch_version]})
+        text = pd.concat([head, *frames], ignore_index=True).to_csv(index=False)
+        if path_or_buf is None:
+            return text
+        if hasattr(path_or_buf, "write"):
+            path_or_buf.write(text)
+        else:
+            atomic_write(path_or_buf, lambda tmp: tmp.write_text(text))
+        return None
+
+    def __repr__(self) -> str:
+        return (f"<CompiledStep {len(self._graphs)} graphs, {len(self._kernels)} kernels, "
+                f"{len(self.conversions())} conversions>")
 
     @classmethod
     def read_csv(cls, path_or_buf) -> CompiledStep:
@@ -243,7 +272,7 @@ class CompiledStep:
             path_or_buf = io.StringIO(path_or_buf)
         whole = pd.read_csv(path_or_buf, keep_default_na=False, na_values={"time_us": [""]})
         if "table" not in whole or set(whole["table"]) - {"torch", *cls.TABLES}:
-            raise ValueError("not a compiled step's CSV (written by Audit.compiled_to_csv)")
+            raise ValueError("not a compiled step's CSV (written by Audit.compiled.to_csv)")
         parts = {}
         for name, cols in (("graphs", ["graph", "phase", "compile_id", "layout_opt", "layout_opt_reason",
                                        "layout_opt_log", "output_code"]),
@@ -275,4 +304,4 @@ def _typed(part: pd.DataFrame) -> pd.DataFrame:
 
 def compiled_report_tables(step: CompiledStep, causes: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(graphs, conversions, eager causes beside them): what the report and the HTML show."""
-    return step.graph_table(), step.conversions(), step.compare(causes)
+    return step.graphs(), step.conversions(), step.compare(causes)

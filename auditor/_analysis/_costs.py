@@ -272,6 +272,21 @@ def estimate_note(ops: pd.DataFrame, result_bytes: np.ndarray, parts: dict[int, 
     return True, ""
 
 
+#: why a timed audit's estimates are not trusted when no step ran before the recorded one
+FIRST_STEP = ("no step ran before the recorded one (warmup=0): if it is the first in the process, its times "
+              "include setting up kernels and memory")
+
+
+def after_warmup(causes: pd.DataFrame, warmup: int | None) -> pd.DataFrame:
+    """``causes`` as far as their estimates can be believed after ``warmup`` unrecorded steps
+    (None: not known): with none (0), a timed step may be the first in the process, whose times
+    include setting kernels and memory up, so no estimate is trusted and each note says why."""
+    if warmup != 0 or not len(causes) or not causes["saving_us"].notna().any():
+        return causes
+    return causes.assign(saving_trusted=False,
+                         saving_note=[f"{FIRST_STEP}; {n}" if n else FIRST_STEP for n in causes["saving_note"]])
+
+
 def _outlier(ops: pd.DataFrame, result_bytes: np.ndarray, parts: dict[int, float]) -> str:
     """Why the estimate rests on one slow call, or ''."""
     total = sum(v for v in parts.values() if v > 0)

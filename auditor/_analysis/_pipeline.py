@@ -17,6 +17,7 @@ import pandas as pd
 
 from ._activations import image_facts
 from ._causes import CauseTracer, cause_table
+from ._costs import after_warmup
 from ._flow import FlowGraph, FlowView
 from ._ops import classified_ops, hotspots
 from ._summaries import coverage
@@ -39,13 +40,15 @@ class Analysis:
         ops: ``events`` with the classification, data-flow and cause columns; ``hotspot`` is
             the final mask: a loss or conversion on a conv -> conv path that has a cause (a
             copy the recording mode made itself, which nothing upstream explains, has none).
-        causes: one row per cause (:func:`cause_table`).
+        causes: one row per cause (:func:`cause_table`), their estimates trusted as far as
+            ``warmup`` allows (:func:`~._costs.after_warmup`).
         coverage: per op, device and dtype, how often it kept channels_last.
         tracer: the :class:`CauseTracer` the causes were traced with, for the fixes.
     """
 
-    def __init__(self, events: pd.DataFrame, tensors: pd.DataFrame, hidden: pd.DataFrame | None = None):
-        self.events, self.tensors, self.hidden = events, tensors, hidden
+    def __init__(self, events: pd.DataFrame, tensors: pd.DataFrame, hidden: pd.DataFrame | None = None,
+                 warmup: int | None = None):
+        self.events, self.tensors, self.hidden, self.warmup = events, tensors, hidden, warmup
         self._facts: pd.DataFrame | None = None
         self._flow: FlowGraph | None = None
         self._ops: pd.DataFrame | None = None
@@ -73,6 +76,7 @@ class Analysis:
         with stage("causes"):
             tracer = CauseTracer(FlowView(ops, flow), facts, cov)
             causes, event_cause = cause_table(tracer, self.hidden)
+            causes = after_warmup(causes, self.warmup)
         # a recording-mode artifact that nothing explains is no hotspot of the plain run
         self._ops = ops.assign(cause=event_cause, hotspot=ops["hotspot"].to_numpy() & (event_cause > 0))
         self._causes, self._coverage, self._tracer = causes, cov, tracer
@@ -119,10 +123,11 @@ class Analysis:
         return self.ops["cause"].to_numpy()
 
 
-def analyze(events: pd.DataFrame, tensors: pd.DataFrame, hidden: pd.DataFrame | None = None) -> Analysis:
+def analyze(events: pd.DataFrame, tensors: pd.DataFrame, hidden: pd.DataFrame | None = None,
+            warmup: int | None = None) -> Analysis:
     """Every stage of the analysis of an event log (``Audit.events``, ``Audit.tensors`` and,
-    for savings, ``Audit.hidden``), run now."""
-    return Analysis(events, tensors, hidden).run()
+    for savings, ``Audit.hidden`` and ``Audit.warmup``), run now."""
+    return Analysis(events, tensors, hidden, warmup).run()
 
 
 def ops_table(events: pd.DataFrame, tensors: pd.DataFrame, graph: FlowGraph | None = None,

@@ -51,7 +51,7 @@ def compiled_html(graphs: pd.DataFrame, conv: pd.DataFrame, compared: pd.DataFra
     """The compiled part of a compiled audit's HTML."""
     parts = [f"<p>{_headline(graphs, conv, compared)}</p>",
              table_html(graphs.drop(columns=["output_code"]), caption="Graphs Inductor lowered"),
-             table_html(conv, caption="Conversions in the generated code", max_rows=top, more="Audit.conversions()"),
+             table_html(conv, caption="Conversions in the generated code", max_rows=top, more="audit.compiled.conversions()"),
              table_html(compared, caption="Eager causes under the compiler", max_rows=top,
                         more="auditor.compare_compiled()")]
     return "<div>" + "".join(parts) + "</div>"

@@ -105,7 +105,7 @@ def ranks_html(*, world_size: int, totals: pd.DataFrame, top: int = 10, referenc
                differences: pd.DataFrame | None = None, bucket_ops: pd.DataFrame | None = None,
                bucket_hotspots: pd.DataFrame | None = None, reference_report: str = "") -> str:
     """:func:`ranks_text` as HTML tables, for notebooks; ``reference_report`` is the reference
-    rank's ``Audit._repr_html_()``."""
+    rank's ``Audit.html()``."""
     if totals.empty:
         return header_html([_headline(totals, world_size)])
     parts = [header_html([_headline(totals, world_size)]), table_html(totals)]

@@ -232,8 +232,9 @@ class Fixes:
 
         Returns one row per fix (``kind`` ``fix``), one for all together (``all``) and one per
         exposed cause (``exposed``), columns in :data:`VERIFY_COLUMNS`; also kept as
-        :attr:`verification`, and on the audit, whose report then shows the measured saving
-        beside the estimate."""
+        :attr:`verification`, which this object's text and HTML show. The audit is left as it
+        is: ``audit.report(verification=table)`` and ``audit.html(verification=table)`` show the
+        measured saving beside the estimate."""
         _check_changeable(model)
         if self._code is not None and self._code.active:
             raise RuntimeError("undo() the fixes applied before verifying: verify applies each one itself")
@@ -248,8 +249,6 @@ class Fixes:
             r.pop("_after", None)
         frame = pd.DataFrame(rows, columns=VERIFY_COLUMNS)
         self.verification = frame
-        if self.audit is not None:
-            self.audit.verification = frame
         return frame
 
     def _verify_one(self, numbers: list[int], step: Step, warmup: int, seed: int, timing: dict,
@@ -381,9 +380,7 @@ class Fixes:
 def _audit(step: Step, warmup: int) -> Audit:
     """The step audited as :func:`auditor.audit` would, after ``warmup`` steps."""
     step.warm_up(warmup)
-    audited = record_step(step, record_source=True, record_time=True)
-    audited.warmup = warmup
-    return audited
+    return record_step(step, record_source=True, record_time=True, warmup=warmup)
 
 
 def _cause_keys(causes: pd.DataFrame) -> set[tuple]:

@@ -114,7 +114,8 @@ class RankAudits:
         return self._per_rank(lambda a: group_bucket_ops(self._rank_bucket_ops(a)))
 
     def differences(self, reference: int | None = None) -> pd.DataFrame:
-        """:func:`rank_differences` of these audits."""
+        """Hotspot groups that differ between each rank and ``reference`` (the lowest rank):
+        ``auditor.diff`` of the reference rank's hotspots against each other rank's."""
         return rank_differences(self, reference)
 
     def _totals(self) -> pd.DataFrame:
@@ -152,7 +153,7 @@ class RankAudits:
     def _repr_html_(self, top: int = 10, depth: int = 1) -> str:
         """:meth:`report` as HTML tables, for notebooks: per-rank totals, the hotspot groups that
         differ between ranks, the bucket copies that change the layout, the reference rank."""
-        return ranks_html(**self._shown(lambda a: a._repr_html_(top=top, depth=depth)), top=top)
+        return ranks_html(**self._shown(lambda a: a.html(top=top, depth=depth)), top=top)
 
 
 def rank_differences(rank_audits: RankAudits | dict[int, Audit] | Iterable[Audit],
