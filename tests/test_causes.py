@@ -196,7 +196,7 @@ def test_one_fix_per_cause_that_saves_bytes(cause_audits, name):
     row = f.frame.iloc[0]
     assert row["action"] == MODEL_ACTIONS.get(name, FIX_ACTIONS[row["pattern"]]), row.to_dict()
     assert row["suggestion"] and row["detail"]
-    assert (f.hotspots["fix"] > 0).all()
+    assert (f.hotspots()["fix"] > 0).all()
 
 
 def test_region_fix_for_a_convolution_without_a_kernel_applies_and_keeps_outputs(cause_audits):

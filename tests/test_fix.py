@@ -234,7 +234,7 @@ def test_one_fix_covers_every_hotspot_of_a_planted_break(fixes, name):
     a, f = fixes[name]
     assert list(f.frame["action"]) == [EXPECTED_ACTIONS[name]]
     assert list(f.frame.columns) == _suggest.FIX_COLUMNS
-    assert len(f.hotspots) == len(a.hotspots()) and (f.hotspots["fix"] == 1).all()
+    assert len(f.hotspots()) == len(a.hotspots()) and (f.hotspots()["fix"] == 1).all()
     row = f.frame.iloc[0]
     assert row["hotspot_bytes"] == a.hotspots()["bytes"].sum()
     assert row["bytes"] == row["hotspot_bytes"] - row["added_bytes"] > 0
@@ -375,7 +375,7 @@ def test_a_channel_shuffle_in_user_code_gets_one_fix_for_every_hotspot():
     model, x = auditor.to_channels_last(Shuffle(), torch.randn(2, 3, 6, 6))
     a = auditor.audit(model, x, record_source=True)
     f = auditor.suggest_fixes(a)
-    assert len(f) == 1 and len(f.hotspots) == len(a.hotspots()) >= 3
+    assert len(f) == 1 and len(f.hotspots()) == len(a.hotspots()) >= 3
     row = f.frame.iloc[0]
     assert row["action"] == _suggest.EDIT and "channel_shuffle" in row["suggestion"]
     assert "transpose" in row["line"] and row["bytes"] == a.hotspots()["bytes"].sum()
@@ -391,7 +391,7 @@ def test_torchvision_channel_shuffle_function_becomes_torchs_and_removes_every_h
     model, x = auditor.to_channels_last(torchvision.models.shufflenet_v2_x0_5().eval(), torch.randn(1, 3, 32, 32))
     a = auditor.audit(model, x, record_source=True)
     f = auditor.suggest_fixes(a)
-    assert len(f) == 1 and len(f.hotspots) == len(a.hotspots()) > 20
+    assert len(f) == 1 and len(f.hotspots()) == len(a.hotspots()) > 20
     row = f.frame.iloc[0]
     assert row["action"] == _suggest.EDIT and row["automatic"]
     assert row["suggestion"].strip() == "return torch.nn.functional.channel_shuffle(x, groups)"

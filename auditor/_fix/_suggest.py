@@ -65,15 +65,15 @@ class Fixes:
             ``bytes`` is the net saving: ``hotspot_bytes`` (the hotspots it removes, forward and
             backward) less ``added_bytes`` (conversions a region fix moves to its edges).
             ``automatic``: :meth:`apply` can make it; ``reason``: why not, where it cannot.
-        hotspots: ``Audit.hotspots()`` with a ``fix`` column naming the fix that removes each.
-        audit: the audit the fixes were suggested for.
+        audit: the audit the fixes were suggested for; :meth:`hotspots` its hotspot groups, each
+            with the fix that removes it.
         verification: the last :meth:`verify`'s table, or None.
     """
 
     def __init__(self, frame: pd.DataFrame, hotspots: pd.DataFrame, audit: Audit | None = None,
                  proposals: Mapping[int, Proposal] | None = None):
         self.frame = frame
-        self.hotspots = hotspots
+        self._hotspots = hotspots
         self.audit = audit
         self.verification: pd.DataFrame | None = None
         self._proposals = dict(proposals or {})
@@ -82,6 +82,10 @@ class Fixes:
 
     def __len__(self) -> int:
         return len(self.frame)
+
+    def hotspots(self) -> pd.DataFrame:
+        """``Audit.hotspots()`` with a ``fix`` column naming the fix that removes each group."""
+        return self._hotspots.copy()
 
     # -- applying ---------------------------------------------------------------------------------
     def apply(self, model: nn.Module, fixes: Iterable[int] | None = None) -> pd.DataFrame:
@@ -348,7 +352,7 @@ class Fixes:
 
     def _groups(self, numbers: list[int]) -> int:
         causes = {int(self._row(n)["cause"]) for n in numbers}
-        return int(self.hotspots["cause"].isin(causes).sum())
+        return int(self._hotspots["cause"].isin(causes).sum())
 
     def _hotspot_counts(self, numbers: list[int], after: Audit) -> dict:
         """That cause's hotspot groups before, and after: the groups of ``after`` whose cause is
@@ -359,12 +363,12 @@ class Fixes:
         mine = after.causes()
         still = mine.loc[[tuple(k) in keys for k in mine[_CAUSE_AT].astype(str).to_numpy()], "cause"]
         hot = after.hotspots()
-        return {"hotspots_before": int(self.hotspots["cause"].isin(causes).sum()),
+        return {"hotspots_before": int(self._hotspots["cause"].isin(causes).sum()),
                 "hotspots_after": int(hot["cause"].isin(set(still)).sum())}
 
     # -- display ----------------------------------------------------------------------------------
     def __str__(self) -> str:
-        text = fixes_text(self.frame, len(self.hotspots), writes=(EDIT,))
+        text = fixes_text(self.frame, len(self._hotspots), writes=(EDIT,))
         return text if self.verification is None else f"{text}\n\n{verification_text(self.verification)}"
 
     def __repr__(self) -> str:
@@ -373,7 +377,7 @@ class Fixes:
 
     def _repr_html_(self) -> str:
         """One table row per fix, for notebooks, then the verification once there is one."""
-        html = fixes_html(self.frame, len(self.hotspots))
+        html = fixes_html(self.frame, len(self._hotspots))
         return html if self.verification is None else html + verification_html(self.verification)
 
 
