@@ -3,58 +3,77 @@
     import auditor
     a = auditor.audit(model, x)          # one forward + backward step
     print(a.report())
-    a.hotspots()                          # a DataFrame, largest bytes first
+    a.causes()                            # a DataFrame: where the format is lost, what a fix saves
 
     with auditor.FormatAuditor() as fa:   # or record any block of code
         train_step()
     fa.audit.events
 
-The package is split by layer, each importing only the ones before it: ``recording`` ->
-``analysis`` -> ``display`` -> ``result``/``session`` -> ``fix`` -> ``plan`` -> the entry points
-(``api``, ``fake``, ``distributed``, ``plot``, ``cli``, ``testing``). See the README, "How the
-code is laid out".
+    fixes = auditor.suggest_fixes(a)      # one fix per cause; fixes.verify(model, x) proves them
+    plan = auditor.plan_layout(model, x)  # which convolutions should run channels_last, measured
+
+This module, :mod:`auditor.testing`, :mod:`auditor.plot` and :mod:`auditor.distributed` are the
+public API; every module whose name starts with ``_`` is internal (README, "How the code is laid
+out"). ``format-audit`` (:mod:`auditor.cli`) and ``python -m auditor.demo`` are the commands.
 """
 
-from . import _deprecated
 from ._api import audit
-from ._result import Audit, compare_compiled, diff
-from ._session import FormatAuditor
-from .fix import (
+from ._display._styled import styled
+from ._fix._convert import (
     convert_conv2d_weight_memory_format,
     convert_conv3d_weight_memory_format,
-    keep_contiguous,
-    suggest_fixes,
     to_channels_last,
 )
-from .plan import apply_plan, plan_layout
-from .recording._formats import format_label
-from .recording._inductor import CompileError
-from .recording._mode import FormatLossError
-
-_deprecated.install()
-
-
-def __getattr__(name: str):
-    """The modules of release 0.1 (``auditor.formats``, ``rules``, ``recorder``, ``log``) and
-    those that went private, under their old names, with a ``DeprecationWarning``."""
-    return _deprecated.moved_attribute(__name__, name)
-
+from ._fix._hooks import keep_contiguous
+from ._fix._keep_format import (
+    GlobalAvgPool,
+    LayerNormKeepFormat,
+    SoftmaxKeepFormat,
+    TemporalConv,
+    swap_instance_norm,
+)
+from ._fix._suggest import Fixes, suggest_fixes
+from ._measure._harness import steady_malloc
+from ._plan._apply import apply_plan
+from ._plan._layout import NoisyPlanWarning, plan_layout
+from ._recording._errors import CompileError
+from ._recording._formats import format_label
+from ._recording._mode import FormatLossError
+from ._recording._torch import TorchInternalsError
+from ._result import Audit, compare_compiled, diff
+from ._session import FormatAuditor
 
 __all__ = [
-    "Audit",
-    "CompileError",
-    "FormatAuditor",
-    "FormatLossError",
-    "apply_plan",
+    # auditing
     "audit",
+    "FormatAuditor",
+    "Audit",
+    "diff",
     "compare_compiled",
+    "format_label",
+    "styled",
+    # fixing
+    "suggest_fixes",
+    "Fixes",
+    "to_channels_last",
+    "keep_contiguous",
     "convert_conv2d_weight_memory_format",
     "convert_conv3d_weight_memory_format",
-    "diff",
-    "format_label",
-    "keep_contiguous",
+    "SoftmaxKeepFormat",
+    "LayerNormKeepFormat",
+    "GlobalAvgPool",
+    "TemporalConv",
+    "swap_instance_norm",
+    # planning
     "plan_layout",
-    "suggest_fixes",
-    "to_channels_last",
+    "apply_plan",
+    "NoisyPlanWarning",
+    "steady_malloc",
+    # errors
+    "FormatLossError",
+    "CompileError",
+    "TorchInternalsError",
 ]
+
+#: This package's version (``format-audit --version`` prints it).
 __version__ = "0.1.0"

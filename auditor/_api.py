@@ -6,11 +6,11 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-from ._fake import fake_audit
+from ._fake import fake_audit, resolve_device, resolve_dtype
+from ._recording._torch import is_compiled_module, original_module
 from ._result import Audit
 from ._session import record_compiled_step, record_step
 from ._step import Step
-from .recording._torch import is_compiled_module, original_module
 
 
 def audit(
@@ -41,10 +41,10 @@ def audit(
     records faster, without times; fake steps run no kernels, so they record no times and
     ``record_time=True`` with ``fake=True`` is an error).
 
-    ``fake=True`` runs the step on fake tensors (:mod:`auditor._fake`): parameters, buffers,
-    inputs and the tensors in ``kwargs`` become fakes on ``device`` and, for floating tensors,
-    ``dtype`` (by default the model's own), strides kept; the model and the optimizer are left
-    untouched.
+    ``fake=True`` runs the step on fake tensors: parameters, buffers, inputs and the tensors in
+    ``kwargs`` become fakes on ``device`` and, for floating tensors, ``dtype`` (by default the
+    model's own), strides kept; the model and the optimizer are left untouched. ``device`` and
+    ``dtype`` apply to fake audits only, and ``warmup`` to real ones.
 
     ``warmup`` steps run unrecorded first, so that times are those of a steady step rather than
     of the first one in the process (which sets up kernels and memory): by default one when the
@@ -54,36 +54,62 @@ def audit(
 
     ``compile=True`` (or a model that ``torch.compile`` already wrapped) also compiles the step
     with Inductor (``compile_options`` go to ``torch.compile``), runs it once while recording
-    what Inductor lowers, and times its kernels (``record_time``): ``Audit.conversions()``,
-    ``Audit.graphs()`` and ``auditor.compare_compiled`` then describe the compiled step, while
-    ``events`` and the causes are those of the eager step (README, "Compiled models"). A model
-    that does not compile raises :class:`auditor.CompileError` with Dynamo's reason.
+    what Inductor lowers, and times its kernels (``record_time``): ``Audit.compiled``
+    (``conversions()``, ``graphs()``, ``kernels()``) and :func:`auditor.compare_compiled` then
+    describe the compiled step, while ``events`` and the causes are those of the eager step
+    (README, "Compiled models"). It runs on the model's own device and dtype: ``device=`` and
+    ``dtype=`` are refused. A model that does not compile raises :class:`auditor.CompileError`
+    with Dynamo's reason.
+
+    Every argument is checked, alone and against the others, before any step runs: a refused
+    call (``ValueError`` or ``TypeError``) has changed nothing, batch-norm statistics included.
     """
     step = Step(model, inputs, kwargs or {}, backward=backward, loss_fn=loss_fn, optimizer=optimizer)
-    if warmup is not None and (not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0):
-        raise ValueError(f"warmup is a number of steps, at least 0, got {warmup!r}")
-    if fake and record_time:
-        raise ValueError("fake tensors run no kernels, so a fake audit has no times: leave record_time unset")
+    compiled = compile or is_compiled(model)
+    _check(step, compile=compile, compiled=compiled, compile_options=compile_options, fake=fake, device=device,
+           dtype=dtype, record_time=record_time, warmup=warmup)
     record_time = not fake if record_time is None else record_time
     if warmup is None:
-        warmup = 1 if record_time else 0
-    compiled = compile or is_compiled(model)
-    if compiled and fake:
-        raise ValueError("a fake audit runs no compiled code: compile=True needs real tensors")
-    if compile_options is not None and not compile:
-        raise ValueError("compile_options= applies with compile=True")
+        warmup = 1 if record_time and not fake else 0
+    if fake:
+        return fake_audit(step, device=device, dtype=dtype, strict=strict, record_source=record_source)
     if compiled:
         return _compiled_audit(step, compile_options, record_time=record_time, strict=strict,
                                record_source=record_source, warmup=warmup)
-    if not fake:
-        step.warm_up(warmup)
+    step.warm_up(warmup)
+    return record_step(step, strict=strict, record_source=record_source, record_time=record_time, warmup=warmup)
+
+
+def _check(step: Step, *, compile: bool, compiled: bool, compile_options, fake: bool, device, dtype,
+           record_time: bool | None, warmup) -> None:
+    """Refuse an argument that is wrong, or that does not apply with the others, before any step
+    runs (a warm-up step would already have moved batch-norm statistics)."""
+    if warmup is not None and (not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0):
+        raise ValueError(f"warmup is a number of steps, at least 0, got {warmup!r}")
+    if not step.backward:
+        given = [name for name, value in (("loss_fn", step.loss_fn), ("optimizer", step.optimizer)) if value is not None]
+        if given:
+            raise ValueError(f"{' and '.join(given)} apply to a step with a backward pass: drop "
+                             f"{'them' if len(given) > 1 else 'it'}, or pass backward=True")
+    if compile_options is not None and not compile:
+        raise ValueError("compile_options= applies with compile=True")
     if fake:
-        return fake_audit(step, device=device, dtype=dtype, strict=strict, record_source=record_source)
+        if compiled:
+            raise ValueError("a fake audit runs no compiled code: compile=True needs real tensors")
+        if record_time:
+            raise ValueError("fake tensors run no kernels, so a fake audit has no times: leave record_time unset")
+        if warmup:
+            raise ValueError("a fake audit runs no real step, so there is nothing to warm up: leave warmup unset")
+        resolve_dtype(dtype)
+        if device is not None:
+            resolve_device(device, [])
+        return
     if device is not None or dtype is not None:
+        given = " and ".join(f"{n}=" for n, v in (("device", device), ("dtype", dtype)) if v is not None)
+        if compiled:
+            raise ValueError(f"{given} do not apply to a compiled audit, which runs the model on its own device "
+                             "and dtype: move the model and its inputs instead")
         raise ValueError("device= and dtype= apply to fake audits only: pass fake=True")
-    recorded = record_step(step, strict=strict, record_source=record_source, record_time=record_time)
-    recorded.warmup = warmup
-    return recorded
 
 
 def is_compiled(model) -> bool:
@@ -99,7 +125,5 @@ def _compiled_audit(step: Step, compile_options, *, record_time: bool, strict: b
     compiled = record_compiled_step(step if is_compiled(model) else eager, dict(compile_options or {}),
                                     record_time=record_time)
     eager.warm_up(warmup)
-    result = record_step(eager, strict=strict, record_source=record_source, record_time=record_time)
-    result.compiled_step = compiled
-    result.warmup = warmup
-    return result
+    return record_step(eager, strict=strict, record_source=record_source, record_time=record_time, warmup=warmup,
+                       compiled=compiled)

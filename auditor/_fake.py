@@ -22,10 +22,7 @@ import contextlib
 
 import torch
 
-from ._result import Audit
-from ._session import FormatAuditor
-from ._step import Step, default_loss, loss_to_backward
-from .recording._torch import (
+from ._recording._torch import (
     FakeTensor,
     FakeTensorMode,
     TorchDispatchMode,
@@ -33,6 +30,9 @@ from .recording._torch import (
     pytree,
     require,
 )
+from ._result import Audit
+from ._session import FormatAuditor
+from ._step import Step, default_loss, loss_to_backward
 
 #: Device types a fake audit can target: those whose layout rules the tests cover.
 DEVICE_TYPES = ("cpu", "cuda")

@@ -4,26 +4,25 @@ from __future__ import annotations
 
 import pandas as pd
 
-from . import analysis
-from .analysis._compiled import CompiledStep, compiled_report_tables
-from .display import audit_html, audit_report, chrome_trace, progress, write_chrome_trace
-from .display._compiled import compiled_html, compiled_text
-from .recording import _csv as csvfile
-from .recording import _log as log
-from .recording._files import atomic_write
-from .recording._mode import RawLog
-
-#: why a timed audit's estimates are not trusted when no step ran before the recorded one
-FIRST_STEP = ("no step ran before the recorded one (warmup=0): if it is the first in the process, its times "
-              "include setting up kernels and memory")
-
-
-def _joined(first: str, then: str) -> str:
-    return f"{first}; {then}" if then else first
+from ._analysis import _summaries as summaries
+from ._analysis._compiled import CompiledStep, compiled_report_tables
+from ._analysis._flow import FlowGraph
+from ._analysis._pipeline import STAGES, Analysis
+from ._display import progress
+from ._display._compiled import compiled_html, compiled_text
+from ._display._html import audit_html
+from ._display._report import audit_report
+from ._display._trace import chrome_trace, write_chrome_trace
+from ._recording import _csv as csvfile
+from ._recording import _log as log
+from ._recording._files import atomic_write
+from ._recording._mode import RawLog
 
 
 class Audit:
-    """The event log of one recording and the analyses over it.
+    """The event log of one recording and the analyses over it: a finished value, complete when
+    it is made, that nothing writes into afterwards (its attributes are read-only; its analyses
+    are computed once, when first asked for).
 
     Attributes:
         events: one row per aten op call (schema in the README).
@@ -32,63 +31,58 @@ class Audit:
             to ``events`` by ``seq``.
         complete: False when the recorded code raised; the log then ends at the failure.
         error: the exception that ended an incomplete recording, as text.
+        warmup: the unrecorded steps :func:`auditor.audit` ran before the recorded one (None: not
+            known, as for a ``FormatAuditor`` or a log read back); at 0 the times may be those of
+            the first step in the process, and the causes' estimates say so.
+        compiled: what Inductor lowered, for an audit made with ``compile=True``
+            (:class:`CompiledStep`: ``conversions()``, ``graphs()``, ``kernels()``,
+            ``to_csv()``); ``events`` and the causes are then the eager step's. None for an
+            eager audit.
     """
 
+    __slots__ = ("_events", "_tensors", "_hidden", "_complete", "_error", "_warmup", "_compiled", "_analysis")
+
     def __init__(self, events: pd.DataFrame, tensors: pd.DataFrame, *, complete: bool = True, error: str = "",
-                 hidden: pd.DataFrame | None = None):
-        self.events = events
-        self.tensors = tensors
-        self.hidden = hidden if hidden is not None else log.hidden_frame()
-        self.complete = complete
-        self.error = error
-        self._analysis: analysis.Analysis | None = None
-        #: the table of ``Fixes.verify`` once the fixes of this audit were verified (the report
-        #: then shows the measured saving beside the estimate), else None
-        self.verification: pd.DataFrame | None = None
-        #: what Inductor lowered when the audit was compiled (``audit(..., compile=True)``), else None:
-        #: ``events`` are then the eager step's, the compiled tables come from here
-        self.compiled_step: CompiledStep | None = None
-        #: the unrecorded steps ``auditor.audit`` ran before the recorded one (None: not known, as
-        #: for a ``FormatAuditor`` or a log read back); at 0 the times may be a first step's
-        self.warmup: int | None = None
+                 hidden: pd.DataFrame | None = None, warmup: int | None = None, compiled: CompiledStep | None = None):
+        self._events = events
+        self._tensors = tensors
+        self._hidden = hidden if hidden is not None else log.hidden_frame()
+        self._complete = complete
+        self._error = error
+        self._warmup = warmup
+        self._compiled = compiled
+        self._analysis: Analysis | None = None
 
-    @property
-    def compiled(self) -> bool:
-        """Whether this audit also ran the step compiled by ``torch.compile`` (Inductor)."""
-        return self.compiled_step is not None
-
-    def _compiled_or_raise(self) -> CompiledStep:
-        if self.compiled_step is None:
-            raise ValueError("this audit was not compiled: use auditor.audit(model, x, compile=True)")
-        return self.compiled_step
-
-    def conversions(self) -> pd.DataFrame:
-        """One row per kernel of the compiled step that reads an image in one physical order and
-        writes it in another, or copies a convolution weight every step (README, "Compiled models")."""
-        return self._compiled_or_raise().conversions()
-
-    def graphs(self) -> pd.DataFrame:
-        """Per graph Inductor lowered (forward and backward, one per graph break): whether layout
-        optimization ran and why, each convolution's layout, kernels, conversions and time."""
-        return self._compiled_or_raise().graph_table()
-
-    def kernels(self) -> pd.DataFrame:
-        """Every kernel of the compiled step in code order, with its time and source."""
-        return self._compiled_or_raise().kernels.copy()
-
-    def compare_compiled(self) -> pd.DataFrame:
-        """Each eager cause of this audit beside the compiled step (``auditor.compare_compiled``)."""
-        return compare_compiled(self, self)
+    events = property(lambda self: self._events, doc="One row per aten op call (schema in the README).")
+    tensors = property(lambda self: self._tensors,
+                       doc="One row per tensor argument or result, linked to ``events`` by ``seq``.")
+    hidden = property(lambda self: self._hidden,
+                      doc="One row per copy an op's kernels made inside it (a timed recording).")
+    complete = property(lambda self: self._complete, doc="False when the recorded code raised.")
+    error = property(lambda self: self._error, doc="The exception that ended an incomplete recording, as text.")
+    warmup = property(lambda self: self._warmup,
+                      doc="The unrecorded steps run before the recorded one (None: not known).")
+    compiled = property(lambda self: self._compiled,
+                        doc="What Inductor lowered (a ``CompiledStep``) for a compiled audit, else None.")
 
     @classmethod
-    def from_raw(cls, raw: RawLog) -> Audit:
+    def from_raw(cls, raw: RawLog, *, warmup: int | None = None, compiled: CompiledStep | None = None) -> Audit:
+        """The audit of a finished recording's raw log."""
         events, tensors = log.build_frames(raw)
-        return cls(events, tensors, complete=raw.complete, error=raw.error, hidden=log.build_hidden(raw))
+        return cls(events, tensors, complete=raw.complete, error=raw.error, hidden=log.build_hidden(raw),
+                   warmup=warmup, compiled=compiled)
+
+    def _with(self, *, warmup: int | None = None, compiled: CompiledStep | None = None) -> Audit:
+        """This log as a new Audit that also knows its warm-up and compiled step: how a step's
+        recording (:mod:`auditor._session`) is finished by the one who ran the step."""
+        return Audit(self._events, self._tensors, complete=self._complete, error=self._error, hidden=self._hidden,
+                     warmup=warmup, compiled=compiled)
 
     # -- persistence -----------------------------------------------------------------------
     def to_csv(self, path_or_buf=None):
         """Write the audit as one CSV file (README, "The event log"); with no path, return the
-        text. ``complete`` and ``error`` are kept; a path is written atomically."""
+        text. ``complete`` and ``error`` are kept; a path is written atomically. A compiled
+        audit's compiled step goes to a file of its own (``audit.compiled.to_csv``)."""
         return csvfile.to_csv(self.events, self.tensors, self.complete, path_or_buf, error=self.error,
                               hidden=self.hidden)
 
@@ -96,51 +90,36 @@ class Audit:
     def read_csv(cls, path_or_buf, compiled=None) -> Audit:
         """Read a CSV written by :meth:`to_csv` (a path, a buffer, or the text itself), exactly.
         A cut, edited or foreign file raises ``ValueError`` naming the line and column.
-        ``compiled``: the file :meth:`compiled_to_csv` wrote, for a compiled audit."""
+        ``compiled``: the file ``audit.compiled.to_csv`` wrote, for a compiled audit."""
         read = csvfile.read_csv(path_or_buf)
-        audit = cls(read.events, read.tensors, complete=read.complete, error=read.error, hidden=read.hidden)
-        if compiled is not None:
-            audit.compiled_step = CompiledStep.read_csv(compiled)
-        return audit
-
-    def compiled_to_csv(self, path_or_buf=None):
-        """Write what Inductor lowered (graphs, kernels with their times, buffers with their
-        layouts) as one CSV, from which ``read_csv(..., compiled=)`` rebuilds every compiled
-        table; with no path, return the text."""
-        text = self._compiled_or_raise().to_csv()
-        if path_or_buf is None:
-            return text
-        if hasattr(path_or_buf, "write"):
-            path_or_buf.write(text)
-        else:
-            atomic_write(path_or_buf, lambda tmp: tmp.write_text(text))
-        return None
+        return cls(read.events, read.tensors, complete=read.complete, error=read.error, hidden=read.hidden,
+                   compiled=CompiledStep.read_csv(compiled) if compiled is not None else None)
 
     # -- analyses ----------------------------------------------------------------------------
-    def analysis(self) -> analysis.Analysis:
-        """The analysis of this log (:func:`auditor.analysis.analyze`), every stage run once
+    def analysis(self) -> Analysis:
+        """The analysis of this log (:func:`auditor._analysis.analyze`), every stage run once
         and cached; large audits show a progress bar over the stages (``display.progress``)."""
         a = self._pipeline()
         if not a.done:
-            with progress.bar(len(analysis.STAGES), "analysing the audit", work=len(self.events),
+            with progress.bar(len(STAGES), "analysing the audit", work=len(self.events),
                               min_work=progress.LARGE_AUDIT, unit="stage") as bar:
                 a.run(lambda name: progress.stage(bar, name))
         return a
 
-    def _pipeline(self) -> analysis.Analysis:
+    def _pipeline(self) -> Analysis:
         """The analysis object, its stages run as they are asked for."""
         if self._analysis is None:
-            self._analysis = analysis.Analysis(self.events, self.tensors, self.hidden)
+            self._analysis = Analysis(self.events, self.tensors, self.hidden, warmup=self.warmup)
         return self._analysis
 
-    def flow(self) -> analysis.FlowGraph:
+    def flow(self) -> FlowGraph:
         """The data-flow graph of the log (cached): producers and consumers of every op."""
         return self._pipeline().flow
 
     def facts(self) -> pd.DataFrame:
         """Per tensor row, what the data flow knew about it (cached): whether it is an image,
         where its channels run, its format label as that image, and what an ambiguous one
-        stands for (:func:`auditor.analysis.image_facts`)."""
+        stands for (:func:`auditor._analysis.image_facts`)."""
         return self._pipeline().facts
 
     def ops(self) -> pd.DataFrame:
@@ -151,11 +130,7 @@ class Audit:
         """One row per cause: the op and line where an activation first left its format, with
         the hotspots it leads to (its symptoms, forward and backward): the most time a fix
         saves first when timed, else the most bytes."""
-        causes = self.analysis().causes.copy()
-        if self.warmup == 0 and len(causes) and causes["saving_us"].notna().any():
-            causes["saving_trusted"] = False
-            causes["saving_note"] = [_joined(FIRST_STEP, n) for n in causes["saving_note"]]
-        return causes
+        return self.analysis().causes.copy()
 
     def hotspots(self) -> pd.DataFrame:
         """Losses and conversions on conv -> ... -> conv paths, grouped, the most time first
@@ -165,23 +140,34 @@ class Audit:
 
     def summary(self, depth: int = 1) -> pd.DataFrame:
         """Per-module totals at ``depth`` (1 = children of the root), in execution order."""
-        return analysis.summary(self.ops(), depth)
+        return summaries.summary(self.ops(), depth)
 
     def coverage(self) -> pd.DataFrame:
         """Per aten op: how often it preserved or lost channels_last on this device and dtype."""
         return self.analysis().coverage.copy()
 
-    def report(self, top: int = 10, depth: int = 1) -> str:
+    def report(self, top: int = 10, depth: int = 1, verification: pd.DataFrame | None = None) -> str:
         """A one-screen text report: totals, the ``top`` causes with their symptoms folded under
-        them, and the modules at ``depth`` that cost most."""
-        text = audit_report(self.ops(), self.hotspots(), self.summary(depth), self.causes(),
-                            complete=self.complete, error=self.error, top=top, depth=depth, verified=self.verification)
-        if self.compiled:
-            text += "\n\n" + compiled_text(*compiled_report_tables(self.compiled_step, self.causes()), top=top)
+        them, and the modules at ``depth`` that cost most; then, for a compiled audit, the
+        compiled step. ``verification``: ``Fixes.verify()``'s table, whose measured savings are
+        shown beside the estimates."""
+        text = audit_report(self.ops(), self.hotspots(), self.summary(depth), self.causes(), complete=self.complete,
+                            error=self.error, top=top, depth=depth, verified=verification)
+        if self.compiled is not None:
+            text += "\n\n" + compiled_text(*compiled_report_tables(self.compiled, self.causes()), top=top)
         return text
 
+    def html(self, top: int = 10, depth: int = 1, verification: pd.DataFrame | None = None) -> str:
+        """The report as HTML tables, as a notebook shows the audit (``IPython.display.HTML``
+        shows this one): with ``verification``, the measured savings beside the estimates."""
+        html = audit_html(self.ops(), self.hotspots(), self.summary(depth), self.causes(), complete=self.complete,
+                          error=self.error, top=top, depth=depth, verified=verification)
+        if self.compiled is not None:
+            html += compiled_html(*compiled_report_tables(self.compiled, self.causes()), top=top)
+        return html
+
     def chrome_trace(self) -> dict:
-        """The audit as a Chrome trace (:func:`auditor.display.chrome_trace`), a dict."""
+        """The audit as a Chrome trace (:func:`auditor._display.chrome_trace`), a dict."""
         return chrome_trace(self.ops(), self.hidden, self.causes())
 
     def export_chrome_trace(self, path) -> None:
@@ -192,30 +178,28 @@ class Audit:
 
     def __repr__(self) -> str:
         state = "complete" if self.complete else "incomplete"
-        compiled = f", compiled: {len(self.conversions())} conversions" if self.compiled else ""
+        compiled = f", compiled: {len(self.compiled.conversions())} conversions" if self.compiled is not None else ""
         return f"<Audit {len(self.events)} ops, {len(self.tensors)} tensors, {state}{compiled}>"
 
-    def _repr_html_(self, top: int = 10, depth: int = 1) -> str:
-        """The report as HTML tables (:func:`auditor.display.audit_html`), for notebooks."""
-        html = audit_html(self.ops(), self.hotspots(), self.summary(depth), self.causes(),
-                          complete=self.complete, error=self.error, top=top, depth=depth, verified=self.verification)
-        if self.compiled:
-            html += compiled_html(*compiled_report_tables(self.compiled_step, self.causes()), top=top)
-        return html
+    def _repr_html_(self) -> str:
+        return self.html()
 
 
 def diff(before: Audit, after: Audit, include_unchanged: bool = False, by: str = "group") -> pd.DataFrame:
     """What appeared, vanished or changed between two audits: hotspot groups (``by="group"``)
     or causes (``by="cause"``, with the hotspots and bytes each leads to)."""
     if by == "cause":
-        return analysis.diff_causes(before.causes(), after.causes(), include_unchanged)
+        return summaries.diff_causes(before.causes(), after.causes(), include_unchanged)
     if by != "group":
         raise ValueError(f"by is 'group' or 'cause', got {by!r}")
-    return analysis.diff(before.hotspots(), after.hotspots(), include_unchanged)
+    return summaries.diff(before.hotspots(), after.hotspots(), include_unchanged)
 
 
 def compare_compiled(eager: Audit, compiled: Audit) -> pd.DataFrame:
     """The eager audit's causes beside the compiled audit's step: for each cause ``removed by the
     compiler`` or ``still there`` (with the kernel that converts at its line), then every
-    conversion of the compiled step that no eager cause explains (``only compiled``)."""
-    return compiled._compiled_or_raise().compare(eager.causes())
+    conversion of the compiled step that no eager cause explains (``only compiled``). A compiled
+    audit carries its own eager causes: ``compare_compiled(a, a)``."""
+    if compiled.compiled is None:
+        raise ValueError("this audit was not compiled: use auditor.audit(model, x, compile=True)")
+    return compiled.compiled.compare(eager.causes())

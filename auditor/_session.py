@@ -9,16 +9,12 @@ from __future__ import annotations
 
 import warnings
 
+from ._recording._mode import RecorderMode
+from ._recording._modules import ForwardModuleTracker
+from ._recording._profile import ProfileSession, profiler_records_mode_calls, require_profiler
+from ._recording._torch import current_dispatch_mode_stack, pop_mode, require_recorder
 from ._result import Audit
 from ._step import Step
-from .recording._mode import RecorderMode
-from .recording._modules import ForwardModuleTracker
-from .recording._profile import ProfileSession, profiler_records_mode_calls, require_profiler
-from .recording._torch import (
-    current_dispatch_mode_stack,
-    pop_mode,
-    require_recorder,
-)
 
 
 class FormatAuditor:
@@ -96,7 +92,7 @@ class FormatAuditor:
             tracker.__enter__()
             if self.record_time and self.profile:
                 if not profiler_records_mode_calls():
-                    from .recording._torch import RecordFunctionFast
+                    from ._recording._torch import RecordFunctionFast
 
                     mode.mark = RecordFunctionFast
                 self._profile = ProfileSession(record_shapes=True)
@@ -176,25 +172,27 @@ def _leave(mode: RecorderMode, exc_type=None, exc=None, tb=None) -> None:
             pop_mode()
 
 
-def record_step(step: Step, *, strict: bool = False, record_source: bool = False,
-                record_time: bool = False) -> Audit:
-    """``step`` run once under a :class:`FormatAuditor`. Exceptions from the model propagate."""
+def record_step(step: Step, *, strict: bool = False, record_source: bool = False, record_time: bool = False,
+                warmup: int | None = None, compiled=None) -> Audit:
+    """``step`` run once under a :class:`FormatAuditor`; the Audit knows the ``warmup`` steps run
+    before it and, for a compiled audit, the ``compiled`` step (a ``CompiledStep``). Exceptions
+    from the model propagate."""
     fa = FormatAuditor(strict=strict, record_source=record_source, record_time=record_time)
     with fa:
         step.run()
-    return fa.audit
+    return fa.audit._with(warmup=warmup, compiled=compiled)
 
 
 def record_compiled_step(step: Step, compile_options: dict | None = None, record_time: bool = True):
     """Compile ``step``'s model with Inductor (or take the ``torch.compile``'d module it is),
-    run one step under :func:`~auditor.recording._inductor.record_compiled` and return what was
-    lowered as a :class:`~auditor.analysis.CompiledStep`. Gradients are given back the values
+    run one step under :func:`~auditor._recording._inductor.record_compiled` and return what was
+    lowered as a :class:`~auditor._analysis.CompiledStep`. Gradients are given back the values
     they had, so an eager recording of the same step sees what it would have seen."""
     import torch
 
-    from .analysis._compiled import CompiledStep
-    from .recording._inductor import record_compiled
-    from .recording._torch import is_compiled_module
+    from ._analysis._compiled import CompiledStep
+    from ._recording._inductor import record_compiled
+    from ._recording._torch import is_compiled_module
 
     model = step.model
     compiled = model if is_compiled_module(model) else torch.compile(model, **(compile_options or {}))

@@ -25,9 +25,10 @@ import torch
 
 import auditor
 
-from . import plot
-from .display import progress
-from .recording._files import atomic_write
+from ._display import progress
+from ._recording._files import atomic_write
+
+__all__ = ["main"]
 
 EXIT_OK = 0
 EXIT_FINDINGS = 1
@@ -271,7 +272,7 @@ class Progress:
     """Progress on stderr, one step per stage of each model (building, recording, analysing,
     suggesting fixes, writing files): a ``tqdm`` bar redrawn in place on a terminal, one line per
     step otherwise (a CI log), nothing when switched off (``--no-progress``,
-    ``AUDITOR_PROGRESS=0`` or ``auditor.display.progress.ENABLED = False``)."""
+    ``AUDITOR_PROGRESS=0``)."""
 
     def __init__(self, total: int, stream=None, enabled: bool | None = None):
         self.total, self.done = total, 0
@@ -391,7 +392,7 @@ class ModelAudit:
     report: str
     fixes: str | None
     trace: bool = False  # write trace.json
-    suggested: auditor.fix.Fixes | None = None  # with --fix: writes fixes.patch
+    suggested: auditor.Fixes | None = None  # with --fix: writes fixes.patch
     verified: object = None  # with --verify: Fixes.verify()'s table, written as verify.csv
 
 
@@ -435,7 +436,7 @@ def audit_model(spec: str, folder: Path | None, target: Target, progress: Progre
             with blame(InternalError, f"verifying the fixes of {spec}"):
                 verified = suggested.verify(model, x, backward=not args.no_backward)
             with blame(InternalError, f"analysing {spec}"):
-                report = audit.report(top=args.top, depth=args.depth)  # with the measured savings
+                report = audit.report(top=args.top, depth=args.depth, verification=verified)  # measured savings
         fixes = str(suggested)
     result = ModelAudit(audit, args.depth, report, fixes, args.trace, suggested, verified)
     text = target.title(spec, dims) + "\n" + "\n\n".join(t for t in (report, fixes) if t is not None)
@@ -518,6 +519,8 @@ class Target:
 
 def _writers(result: ModelAudit) -> dict[str, Callable[[Path], object]]:
     """Each file of one model's audit, named as in OUTPUT_FILES, and how to write it to a path."""
+    from . import plot  # matplotlib: only when files are written
+
     audit, depth = result.audit, result.depth
     files = {
         "events.csv": audit.to_csv,
@@ -538,10 +541,10 @@ def _writers(result: ModelAudit) -> dict[str, Callable[[Path], object]]:
         files["verify.csv"] = lambda p: result.verified.to_csv(p, index=False)
     if result.trace:
         files["trace.json"] = audit.export_chrome_trace
-    if audit.compiled:
-        files["conversions.csv"] = lambda p: audit.conversions().to_csv(p, index=False)
-        files["graphs.csv"] = lambda p: audit.graphs().to_csv(p, index=False)
-        files["compiled.csv"] = audit.compiled_to_csv
+    if audit.compiled is not None:
+        files["conversions.csv"] = lambda p: audit.compiled.conversions().to_csv(p, index=False)
+        files["graphs.csv"] = lambda p: audit.compiled.graphs().to_csv(p, index=False)
+        files["compiled.csv"] = audit.compiled.to_csv
     return files
 
 

@@ -25,13 +25,17 @@ import torch
 
 import auditor
 from auditor import plot
-from auditor.display import format_us, saving_text, verification_text
-from auditor.recording import atomic_write
+from auditor._display._fixes import verification_text
+from auditor._display._text import saving_text
+from auditor._display._units import format_us
+from auditor._recording._files import atomic_write
 
 #: What ``--out`` receives.
 DEMO_FILES = ("report_before.txt", "fixes.txt", "verify.csv", "fixes.patch", "report_after.txt",
               "heatmap_before.png", "heatmap_after.png", "timing.txt")
 CL = torch.channels_last
+
+__all__ = ["main"]
 
 
 def build_parser() -> argparse.ArgumentParser:

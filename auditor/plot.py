@@ -25,13 +25,16 @@ from matplotlib.backends.backend_agg import RendererAgg
 from matplotlib.figure import Figure
 from matplotlib.font_manager import FontProperties
 
-from . import analysis
+from ._analysis._ops import op_times
+from ._analysis._summaries import module_at_depth
+from ._display._text import short_source, shorten
+from ._display._units import QUANTITIES
+from ._recording import _rules as rules
+from ._recording._csv import atomic_write
+from ._recording._formats import base_format
 from ._result import Audit
-from .analysis._ops import op_times
-from .display import QUANTITIES, short_source, shorten
-from .recording import _rules as rules
-from .recording._csv import atomic_write
-from .recording._formats import base_format
+
+__all__ = ["heatmap", "format_timeline", "top_hotspots", "heatmap_data", "timeline_data", "top_hotspots_data", "save"]
 
 
 class AuditFigure(Figure):
@@ -131,7 +134,7 @@ def _heatmap_table(audit: Audit, depth: int, value: str, columns: str) -> tuple[
     if columns not in ("kind", "op"):
         raise ValueError(f"columns must be 'kind' or 'op', got {columns!r}")
     ops = audit.ops()
-    module = analysis.module_at_depth(ops["module"], depth)
+    module = module_at_depth(ops["module"], depth)
     order = pd.unique(module.to_numpy())
     hot = ops[ops["hotspot"]]
     frame = pd.DataFrame(
@@ -284,7 +287,7 @@ def _module_spans(modules: pd.Series, hotspot: np.ndarray, depth: int = 1) -> pd
     """Runs of consecutive positions in one module at ``depth``: ``module``, ``start``,
     ``stop`` (exclusive), ``hot`` (holds a hotspot), in order. A module entered twice gets two
     runs."""
-    names = analysis.module_at_depth(modules.reset_index(drop=True), depth).to_numpy()
+    names = module_at_depth(modules.reset_index(drop=True), depth).to_numpy()
     starts = np.flatnonzero(np.r_[True, names[1:] != names[:-1]]) if len(names) else np.zeros(0, np.int64)
     stops = np.r_[starts[1:], len(names)].astype(np.int64)
     hot = np.add.reduceat(np.asarray(hotspot, dtype=np.int64), starts) > 0 if len(names) else np.zeros(0, bool)

@@ -16,9 +16,11 @@ from collections.abc import Callable, Iterable
 import pandas as pd
 
 from ._api import audit
+from ._display._text import short_source
 from ._result import Audit
 from ._session import FormatAuditor
-from .display import short_source
+
+__all__ = ["assert_no_hotspots", "unexpected_hotspots"]
 
 _PHASES = ("forward", "backward", "other")
 

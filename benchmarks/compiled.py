@@ -7,14 +7,14 @@ model and input of ``--batch`` samples of ``--size`` x ``--size``), one compiled
 training step (forward, the sum of the outputs, backward): ``auditor.audit(model, x,
 compile=True)``. The row says how many causes the eager step has (``Audit.causes()``), how many
 of them the compiler removes (``compare_compiled``: ``removed by the compiler``), and the
-conversions left in the compiled step (``Audit.conversions()``: their count, total kernel time
+conversions left in the compiled step (``Audit.compiled.conversions()``: their count, total kernel time
 and which kernels, forward or backward).
 
 Then the step's time, compiled against eager: the model is compiled again (Dynamo reset) and
 warmed up outside the timed region, and both steps are timed in interleaved rounds at one
-thread, in process CPU time (``auditor.measure.time_interleaved``); ``compiled / eager`` is the
+thread, in process CPU time (``auditor._measure._harness.time_interleaved``); ``compiled / eager`` is the
 median over rounds of the ratio within a round, with its distribution-free 98% interval
-(``auditor.measure.CONFIDENCE``).
+(``auditor._measure._decide.CONFIDENCE``).
 
 Compiles are slow on a small machine: keep the input small (the default, 2 x 3 x 64 x 64, is audited and compiled
 in 1-4 minutes per model on two cores). Inductor's cache goes to a fresh folder under /tmp
@@ -93,7 +93,7 @@ def audit_row(spec: str, model, x) -> dict:
     a = auditor.audit(model, x, compile=True)
     seconds = time.perf_counter() - t0
     compared = auditor.compare_compiled(a, a)
-    conv = a.conversions()
+    conv = a.compiled.conversions()
     return {"model": spec, "audit_s": seconds, "causes": len(a.causes()),
             "removed": int((compared["status"] == REMOVED).sum()),
             "conversions": len(conv), "conversion_us": float(conv["time_us"].sum()), "kernels": kernels_text(conv)}
@@ -103,7 +103,7 @@ def timing_row(model, x, rounds: int) -> dict:
     """The compiled step against the eager one, compiled and warmed up outside the timed rounds."""
     import torch
 
-    from auditor.measure import time_interleaved
+    from auditor._measure._harness import time_interleaved
     params = list(model.parameters())
     torch.compiler.reset()
     compiled = torch.compile(model)

@@ -2,7 +2,7 @@
 
 For each model, three variants, for inference and for a training step (forward, cross-entropy,
 backward, SGD step): all contiguous; ``model.to(memory_format=torch.channels_last)`` (its input
-converted inside the timed call); planned (``auditor.plan.plan_layout`` then ``apply_plan``,
+converted inside the timed call); planned (``auditor.plan_layout`` then ``apply_plan``,
 fed the same plain contiguous batch). Median times, measured interleaved in one process so that
 load from other processes hits all three alike, and ratios, as a markdown table.
 
@@ -15,7 +15,7 @@ Targets (PASS/FAIL at the end):
 Threads and clock: ``--threads`` defaults to 1. On a shared 2-core machine a parallel region
 waits for a preempted thread, so 2-thread timings swing by several times between runs; run with
 ``--threads 2`` on a quiet machine. At one thread the times are process CPU time, which other
-processes' preemption does not inflate (``auditor.plan.default_clock``); the same samples on the
+processes' preemption does not inflate (``auditor._measure._harness.default_clock``); the same samples on the
 wall clock are printed too. The thread count also changes the kernels (at 1 thread a 1x1
 stride-1 convolution with a small batch runs ``_slow_conv2d`` instead of oneDNN), one more reason
 to measure rather than guess. The load average is printed before and after.
@@ -23,7 +23,7 @@ to measure rather than guess. The load average is printed before and after.
 Memory: glibc by default gives freed memory back to the OS and maps it afresh, so whichever
 variant's tensors land on the wrong side of its thresholds page-faults its activations every
 step (measured: 29,000 minor faults and 20-30% more time per convnext_tiny training step, for
-one of three identically laid-out copies). ``auditor.plan.steady_malloc()`` is called first;
+one of three identically laid-out copies). ``auditor.steady_malloc()`` is called first;
 the ``faults`` column shows minor page faults per step (c/cl/p), which should be 0;
 ``--no-steady-malloc`` shows the artifact.
 
@@ -45,7 +45,9 @@ import torch.nn.functional as F
 import torchvision
 
 import auditor
-from auditor import fix, plan
+from auditor._fix import _suggest
+from auditor._measure import _harness
+from auditor._plan import _measure
 
 CL = torch.channels_last
 
@@ -132,18 +134,18 @@ def bench_model(name: str, args) -> list[dict]:
 
         def loss_fn(out):
             return F.cross_entropy(out, y)
-        p = plan.plan_layout(base, x, backward=train, loss_fn=loss_fn, repeats=args.plan_repeats,
+        p = auditor.plan_layout(base, x, backward=train, loss_fn=loss_fn, repeats=args.plan_repeats,
                              recordings=args.recordings, clock=args.clock)
         plan_s = time.perf_counter() - t0
         variants = {"contiguous": copy.deepcopy(base), "channels_last": copy.deepcopy(base).to(memory_format=CL),
                     "planned": copy.deepcopy(base)}
-        applied = plan.apply_plan(variants["planned"], p)
+        applied = auditor.apply_plan(variants["planned"], p)
         if train:
             fns = {k: _train_step(m, torch.optim.SGD(m.parameters(), lr=1e-4, momentum=0.9), x, y, k == "channels_last")
                    for k, m in variants.items()}
         else:
             fns = {k: _infer(m, x, k == "channels_last") for k, m in variants.items()}
-        timed = plan.time_interleaved(fns, args.repeats, min_sample_us=plan.MODEL_SAMPLE_US, threads=None)
+        timed = _harness.time_interleaved(fns, args.repeats, min_sample_us=_measure.MODEL_SAMPLE_US, threads=None)
         t = timed[f"{args.clock}_us"].to_dict()
         wall = timed["wall_us"].to_dict()
         best = min(t["contiguous"], t["channels_last"])
@@ -173,16 +175,16 @@ def check_planted_fixes(args) -> dict:
     torch.manual_seed(0)
     model = PlantedResNet18().eval()
     x = torch.randn(args.batch, 3, args.size, args.size)
-    cl_model, cl_x = fix.to_channels_last(copy.deepcopy(model), x)
+    cl_model, cl_x = auditor.to_channels_last(copy.deepcopy(model), x)
     before = auditor.audit(cl_model, cl_x, record_source=True)
-    fixes = fix.suggest_fixes(before)
+    fixes = auditor.suggest_fixes(before)
     print(fixes, file=sys.stderr)
     with torch.no_grad():
         ref = cl_model(cl_x)
     done = fixes.apply(cl_model)
     # the one fix apply() cannot make is the source edit: check it is the edit PlantedResNet18's
     # fixed branch makes, then switch to that branch
-    manual = fixes.frame[fixes.frame["action"] == fix.EDIT]
+    manual = fixes.frame[fixes.frame["action"] == _suggest.EDIT]
     edit_ok = len(manual) == 1 and (
         manual.iloc[0]["line"].strip() == "x = self.layer2(x).contiguous()"
         and manual.iloc[0]["suggestion"].strip() == "x = self.layer2(x).contiguous(memory_format=torch.channels_last)"
@@ -212,14 +214,14 @@ def main(argv=None) -> int:
     ap.add_argument("--recordings", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--clock", choices=["cpu", "wall"], default=None,
-                    help="default: cpu time at 1 thread, wall time otherwise (see auditor.plan.default_clock)")
+                    help="default: cpu time at 1 thread, wall time otherwise (see auditor._measure._harness.default_clock)")
     ap.add_argument("--verbose", action="store_true", help="print each plan")
     ap.add_argument("--no-steady-malloc", dest="steady_malloc", action="store_false",
                     help="leave glibc's trim and mmap thresholds alone (page faults then vary by variant)")
     args = ap.parse_args(argv)
-    steady = plan.steady_malloc() if args.steady_malloc else False
+    steady = auditor.steady_malloc() if args.steady_malloc else False
     torch.set_num_threads(args.threads)
-    args.clock = args.clock or plan.default_clock()
+    args.clock = args.clock or _harness.default_clock()
     start = time.perf_counter()
     load0 = os.getloadavg()
     print(f"torch {torch.__version__}, torchvision {torchvision.__version__}, {args.threads} thread(s) of "

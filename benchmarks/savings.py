@@ -17,10 +17,10 @@ table).
 
 Measured: the training step (forward, the sum of the outputs, backward; gradients reset outside
 the timed region) before and after, alternating within every round, so that load from other
-processes hits both alike; one thread, process CPU time (``auditor.plan.steady_malloc()``
+processes hits both alike; one thread, process CPU time (``auditor.steady_malloc()``
 first). ``paired`` is the median over rounds of after/before within a round, and the measured
 saving is median(before) x (1 - paired): the ratio within a round cancels the machine's drifts.
-Its interval is the distribution-free 95% interval of that median (``auditor.measure``).
+Its interval is the distribution-free 95% interval of that median (``auditor._measure``).
 
 Target: estimate / measured within 0.5-2x, or the estimate inside the measured interval, for
 every case whose measured saving is above 2% of its step and whose interval excludes 0 (others
@@ -50,8 +50,8 @@ except ImportError:  # run from a checkout without the editable install
 from planted import CAUSE_MODELS, make_cause  # noqa: E402
 from zoo_patches import ZOO, patched  # noqa: E402
 
+from auditor._measure._decide import median_interval, ratios  # noqa: E402
 from auditor._step import Step  # noqa: E402
-from auditor.measure import median_interval, ratios  # noqa: E402
 
 WARMUP_ROUNDS = 2
 QUICK_ROUNDS = 5
@@ -96,7 +96,7 @@ def estimate_us(before, after, audits: int) -> dict:
 def measure(run_before, run_after, rounds: int) -> dict:
     """Interleaved step times of both versions: each callable applies its version, then returns
     the seconds of one step taken inside it (so that applying a fix stays out of the time, which
-    is why this is not :class:`auditor.plan.Rounds`)."""
+    is why this is not :class:`auditor._measure._harness.Rounds`)."""
     times: dict[str, list[float]] = {"before": [], "after": []}
     for r in range(WARMUP_ROUNDS + rounds):
         for name in (("before", "after") if r % 2 else ("after", "before")):
@@ -231,7 +231,7 @@ def main(argv=None) -> int:
     names = planted + [z.name for z in zoo]
     args = parse(argv, names)
     torch.set_num_threads(1)
-    auditor.plan.steady_malloc()
+    auditor.steady_malloc()
     load = os.getloadavg()[0]
     start = time.perf_counter()
     print(f"torch {torch.__version__}, 1 thread, process CPU time; {args.rounds} interleaved rounds after "

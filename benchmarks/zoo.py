@@ -9,7 +9,7 @@ Every model is built from torchvision with random weights, converted with
 
 Columns: aten ops recorded per phase, hotspot groups and hotspot ops (losses and conversions
 between two convolutions), hotspot bytes per phase, and the tutorial's ``check_wrapper`` rule
-(``auditor.analysis.naive_losses``) over the whole step and over forward only.
+(``auditor._analysis._summaries.naive_losses``) over the whole step and over forward only.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch
 import torchvision.models as tvm
 
 import auditor
-from auditor.analysis import naive_losses
+from auditor._analysis._summaries import naive_losses
 
 #: The tutorial's list of models with full channels_last support on Ice Lake CPUs.
 ICE_LAKE_MODELS = (

@@ -14,7 +14,7 @@ Then the training step (forward, the sum of the outputs, backward; gradients res
 timed region) is timed with and without the fixes, on the same model object, at ``--batch``
 samples: every round runs both, in alternating order, so load from other processes hits both
 alike. One thread (``torch.set_num_threads(1)``) and process CPU time, which preemption by
-other processes does not inflate; ``auditor.plan.steady_malloc()`` first, so no variant
+other processes does not inflate; ``auditor.steady_malloc()`` first, so no variant
 page-faults its activations anew every step. ``after/before`` is the median over rounds of the
 ratio within a round, with its interquartile range; the machine is shared, so ratios within
 about 5% of 1 are noise.
@@ -93,7 +93,7 @@ def main(argv=None) -> int:
     if rounds < 4:
         parser.error("--rounds must be at least 4")
     torch.set_num_threads(1)
-    auditor.plan.steady_malloc()
+    auditor.steady_malloc()
     zoo = [z for z in ZOO if not args.models or z.name in args.models]
     load = os.getloadavg()[0]
     start = time.perf_counter()

@@ -33,7 +33,7 @@ except ImportError:  # run from a checkout without the editable install
 
 from zoo_patches import HYBRIDS, ZOO, library_path  # noqa: E402
 
-from auditor.display import format_us  # noqa: E402
+from auditor._display._units import format_us  # noqa: E402
 
 
 def _saving(r) -> str:

@@ -13,8 +13,8 @@ from kernels import support_here
 from planted import EXPECTED, MODELS, make
 
 import auditor
-from auditor import analysis
-from auditor.recording import _rules as rules
+from auditor._analysis import _ops, _pipeline, _summaries
+from auditor._recording import _rules as rules
 
 CL = torch.channels_last
 
@@ -208,7 +208,7 @@ def test_naive_checker_counts_views_we_do_not():
     with auditor.FormatAuditor() as fa:
         x[:, :3].relu()  # a slice along C is a view the tutorial's rule calls a loss
     a = fa.audit
-    assert analysis.naive_losses(a.events, a.tensors) >= 1
+    assert _summaries.naive_losses(a.events, a.tensors) >= 1
     assert not (a.ops()["kind"] == "loses").any()
 
 
@@ -243,7 +243,7 @@ def test_tutorial_models_have_no_hotspots(name, size, kw, naive_min):
     assert not ops["hotspot"].any(), a.hotspots().head().to_string()
     fw = ops[ops["phase"] == "forward"]
     assert not (fw["kind"] == "loses").any()
-    assert analysis.naive_losses(a.events, a.tensors) >= naive_min
+    assert _summaries.naive_losses(a.events, a.tensors) >= naive_min
 
 
 def test_rules_classify_directly():
@@ -305,8 +305,8 @@ def test_the_public_analyzers_give_the_audits_hotspots(audits):
                          torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last))
     assert (meet.ops()["artifact"] & meet.ops()["hotspot"]).any()
     for a in [*audits.values(), meet]:
-        by_table = analysis.hotspots(analysis.ops_table(a.events, a.tensors, hidden=a.hidden))
+        by_table = _ops.hotspots(_pipeline.ops_table(a.events, a.tensors, hidden=a.hidden))
         pd.testing.assert_frame_equal(by_table, a.hotspots())
-        found = analysis.analyze(a.events, a.tensors, a.hidden)
+        found = _pipeline.analyze(a.events, a.tensors, a.hidden)
         pd.testing.assert_frame_equal(found.hotspots(), a.hotspots())
         pd.testing.assert_frame_equal(found.causes, a.causes())

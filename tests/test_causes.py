@@ -21,7 +21,7 @@ from kernels import assert_causes_follow_the_kernels, convs_that_lose
 from planted import CAUSE_MODELS, MODELS, absent_here, make, make_cause
 
 import auditor
-from auditor import fix
+from auditor._fix import _suggest
 
 CL = torch.channels_last
 
@@ -177,32 +177,32 @@ def test_diff_by_cause_names_the_vanished_cause():
 
 #: pattern -> the action its fix takes
 FIX_ACTIONS = {
-    "stack_reduce": fix.EDIT, "nc11_broadcast": fix.EDIT, "mean_backward": fix.EDIT, "inplace_view": fix.EDIT,
-    "channel_slice": fix.EDIT, "weight_rebuilt": fix.EDIT, "conv_no_kernel": fix.REGION, "joins": fix.EDIT,
+    "stack_reduce": _suggest.EDIT, "nc11_broadcast": _suggest.EDIT, "mean_backward": _suggest.EDIT, "inplace_view": _suggest.EDIT,
+    "channel_slice": _suggest.EDIT, "weight_rebuilt": _suggest.EDIT, "conv_no_kernel": _suggest.REGION, "joins": _suggest.EDIT,
 }
 #: models whose cause's fix takes another action than its pattern's usual one, and why
 MODEL_ACTIONS = {
-    "adaptive_pool_head": fix.SWAP,  # its mean runs inside nn.AdaptiveAvgPool2d(1): the module is swapped
+    "adaptive_pool_head": _suggest.SWAP,  # its mean runs inside nn.AdaptiveAvgPool2d(1): the module is swapped
 }
 
 
 @pytest.mark.parametrize("name", sorted(n for n in CAUSE_MODELS if CAUSE_MODELS[n][2]))
 def test_one_fix_per_cause_that_saves_bytes(cause_audits, name):
     a = cause_audits[planted_here(name)]
-    f = fix.suggest_fixes(a)
+    f = auditor.suggest_fixes(a)
     causes = a.causes()
     assert len(f) == len(causes) and set(f.frame["cause"]) == set(causes["cause"])
     assert (f.frame["bytes"] > 0).all()
     row = f.frame.iloc[0]
     assert row["action"] == MODEL_ACTIONS.get(name, FIX_ACTIONS[row["pattern"]]), row.to_dict()
     assert row["suggestion"] and row["detail"]
-    assert (f.hotspots["fix"] > 0).all()
+    assert (f.hotspots()["fix"] > 0).all()
 
 
 def test_region_fix_for_a_convolution_without_a_kernel_applies_and_keeps_outputs(cause_audits):
     model, x = make_cause(planted_here("conv3d_batch1"))
     ref = model(x)
-    f = fix.suggest_fixes(cause_audits["conv3d_batch1"])
+    f = auditor.suggest_fixes(cause_audits["conv3d_batch1"])
     done = f.apply(model)
     assert done["applied"].all()
     torch.testing.assert_close(model(x), ref, rtol=1e-4, atol=1e-5)
@@ -228,8 +228,8 @@ def test_a_weight_stored_in_the_other_format_gets_a_weight_fix_that_applies_once
     a = auditor.audit(model, x)
     causes = a.causes()
     assert list(causes["pattern"]) == ["weight_format"] and causes["module"].iloc[0] == "b"
-    f = fix.suggest_fixes(a)
-    assert list(f.frame["action"]) == [fix.WEIGHT]
+    f = auditor.suggest_fixes(a)
+    assert list(f.frame["action"]) == [_suggest.WEIGHT]
     assert f.apply(model)["applied"].all() and model.b.weight.is_contiguous(memory_format=CL)
     again = f.apply(model)
     assert not again["applied"].any() and "already channels_last" in again["detail"].iloc[0]
@@ -238,13 +238,13 @@ def test_a_weight_stored_in_the_other_format_gets_a_weight_fix_that_applies_once
 
 def test_no_weight_fix_for_weights_already_in_the_format(planted_audits):
     for name, a in planted_audits.items():
-        assert fix.WEIGHT not in set(fix.suggest_fixes(a).frame["action"]), name
+        assert _suggest.WEIGHT not in set(auditor.suggest_fixes(a).frame["action"]), name
 
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated")
 def test_apply_refuses_torchscript_before_changing_anything():
     model, x = make("softmax")
-    f = fix.suggest_fixes(auditor.audit(model, x))
+    f = auditor.suggest_fixes(auditor.audit(model, x))
     scripted = torch.jit.script(model)
     with pytest.raises(TypeError, match="TorchScript"):
         f.apply(scripted)
@@ -255,7 +255,7 @@ def test_apply_refuses_torchscript_before_changing_anything():
 def test_missing_kernel_claims_are_backed_by_coverage(planted_audits, cause_audits):
     for a in [*planted_audits.values(), *cause_audits.values()]:
         cov = a.coverage()
-        for row in fix.suggest_fixes(a).frame.itertuples():
+        for row in auditor.suggest_fixes(a).frame.itertuples():
             if "no channels_last" in row.detail or "no channels_last" in a.causes().set_index("cause").at[row.cause, "fix"]:
                 support = set(cov.loc[cov["op"] == row.op, "support"])
                 assert support & {"none", "partial"}, (row.op, support)
@@ -360,8 +360,8 @@ def test_region_fix_finds_convolutions_whatever_their_type_is_called():
         new.load_state_dict(old.state_dict())
         setattr(model, name, new)
     ref = model(x)
-    f = fix.suggest_fixes(auditor.audit(model, x))
-    assert list(f.frame["action"]) == [fix.REGION]
+    f = auditor.suggest_fixes(auditor.audit(model, x))
+    assert list(f.frame["action"]) == [_suggest.REGION]
     done = f.apply(model)
     assert done["applied"].all()
     torch.testing.assert_close(model(x), ref, rtol=1e-4, atol=1e-5)
@@ -373,7 +373,7 @@ def test_region_fix_finds_convolutions_whatever_their_type_is_called():
 
 def _emitted_patterns() -> tuple[set[str], list[str]]:
     """(the registry constants ``CauseTracer.pattern`` returns, the bare strings it returns)."""
-    from auditor.analysis import CauseTracer
+    from auditor._analysis._causes import CauseTracer
 
     tree = ast.parse(textwrap.dedent(inspect.getsource(CauseTracer.pattern)))
     named = {node.value.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute) and node.attr == "name"
@@ -389,7 +389,9 @@ def test_every_pattern_the_tracer_can_emit_is_complete():
     timing model replaces, and at least one fix generator; the tracer emits registry constants
     only (a typo fails at once), every registered pattern can be emitted, and the README's
     table is the registry."""
-    from auditor.analysis import PATTERNS, _patterns, fix_generators, pattern
+    from auditor._analysis import _patterns
+    from auditor._analysis._patterns import PATTERNS, pattern
+    from auditor._fix._generators import fix_generators
 
     named, bare = _emitted_patterns()
     assert not bare, f"CauseTracer.pattern returns bare strings {bare}: return a registered pattern's name"

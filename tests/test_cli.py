@@ -15,6 +15,7 @@ from matplotlib.image import imread
 import auditor
 import auditor.plot
 from auditor import cli
+from auditor._fix._suggest import VERIFY_COLUMNS
 from auditor.cli import build_parser, main
 
 
@@ -352,7 +353,7 @@ def test_verify_proves_each_fix_and_writes_its_table(models_file, tmp_path, caps
     printed = capsys.readouterr()
     assert "verifying fixes" in printed.err
     table = pd.read_csv(out / "verify.csv")
-    assert set(auditor.fix.VERIFY_COLUMNS) <= set(table.columns)
+    assert set(VERIFY_COLUMNS) <= set(table.columns)
     row = table[table["kind"] == "fix"].iloc[0]
     assert row["applied"] and row["same_outputs"] and row["hotspots_before"] > 0 and row["hotspots_after"] == 0
     assert "verified" in printed.out  # the report, then the verification

@@ -21,8 +21,8 @@ import torch.nn as nn
 
 import auditor
 from auditor import format_label
-from auditor.analysis._compiled import KEPT, ONLY_COMPILED, REMOVED
-from auditor.recording._torch import TorchInternalsError
+from auditor._analysis._compiled import KEPT, ONLY_COMPILED, REMOVED
+from auditor._recording._torch import TorchInternalsError
 from tests.kernels import convs_that_lose
 
 CL, CL3 = torch.channels_last, torch.channels_last_3d
@@ -100,8 +100,8 @@ def code_conversions(path: str) -> set[str]:
 
 def assert_conversions_match_the_code(a: auditor.Audit) -> None:
     """Per lowered graph, the audit's conversion kernels are exactly those the code has."""
-    conv = a.conversions()
-    for g in a.graphs().to_dict("records"):
+    conv = a.compiled.conversions()
+    for g in a.compiled.graphs().to_dict("records"):
         mine = set(conv.loc[(conv["graph"] == g["graph"]) & (conv["phase"] == g["phase"]), "kernel"])
         assert mine == code_conversions(g["output_code"]), (g["graph"], g["phase"], g["output_code"])
 
@@ -168,15 +168,15 @@ def _assert_copy_removed_where_layout_opt(a: auditor.Audit) -> None:
     forward (the copy is written channels_last), still there with its kernel otherwise."""
     assert a.compiled
     assert_conversions_match_the_code(a)
-    compared = a.compare_compiled()
+    compared = auditor.compare_compiled(a, a)
     line = _line(CopyBetweenConvs, "COPY LINE")
     cause = compared[(compared["source"] == line) & compared["cause"].notna()]
     assert len(cause) == 1 and cause["phase"].iloc[0] == "forward"
-    graphs = a.graphs()
+    graphs = a.compiled.graphs()
     fw = graphs[graphs["phase"] == "forward"]
     if fw["layout_opt"].all():
         assert cause["status"].iloc[0] == REMOVED
-        conv = a.conversions()
+        conv = a.compiled.conversions()
         assert not (conv["phase"] == "forward").any()
     else:
         assert cause["status"].iloc[0] == KEPT and cause["kernel"].iloc[0]
@@ -184,7 +184,7 @@ def _assert_copy_removed_where_layout_opt(a: auditor.Audit) -> None:
 
 def test_contiguous_between_convs_is_removed_by_the_compiler(copy_audit):
     _assert_copy_removed_where_layout_opt(copy_audit)
-    graphs = copy_audit.graphs()
+    graphs = copy_audit.compiled.graphs()
     assert set(graphs["phase"]) == {"forward", "backward"}
     assert graphs["layout_opt_reason"].str.len().gt(0).all()
     assert graphs["convolutions"].str.contains("c1").all()
@@ -204,11 +204,11 @@ def test_a_graph_break_between_the_convs():
     torch.manual_seed(0)
     a = auditor.audit(CopyBetweenConvs(graph_break=True).to(memory_format=CL), _input((2, 3, 16, 16)), compile=True,
                       record_time=False)
-    graphs = a.graphs()
+    graphs = a.compiled.graphs()
     assert graphs["graph"].nunique() == 2
     assert_conversions_match_the_code(a)
     assert graphs["outputs"].str.len().gt(0).all()
-    conv = a.conversions()
+    conv = a.compiled.conversions()
     assert conv["reason"].str.len().gt(0).all()
 
 
@@ -219,7 +219,7 @@ def test_conv3d_at_batch_1_copies_input_and_weight_where_this_cpu_has_no_kernel(
     loses = bool(convs_that_lose(model, (x.detach(),)))
     a = auditor.audit(model, x, compile=True, record_time=False)
     assert_conversions_match_the_code(a)
-    conv = a.conversions()
+    conv = a.compiled.conversions()
     forward = conv[conv["phase"] == "forward"]
     if loses:  # eager writes contiguous: Inductor follows it and copies the input and the weight
         assert forward["weight"].any() and forward["buffers"].str.contains(r"\(input\)").any()
@@ -233,14 +233,14 @@ def test_a_custom_op_returning_contiguous_keeps_one_conversion_at_its_line():
     a = auditor.audit(CustomOpBetweenConvs().to(memory_format=CL), _input((2, 3, 16, 16)), compile=True,
                       record_time=False)
     assert_conversions_match_the_code(a)
-    conv = a.conversions()
+    conv = a.compiled.conversions()
     forward = conv[conv["phase"] == "forward"]
     assert len(forward) == 1
     row = forward.iloc[0]
     assert row["source"] == _line(CustomOpBetweenConvs, "CUSTOM OP LINE")
     assert (row["from_format"], row["to_format"]) == ("contiguous", "channels_last")
     assert "contiguous_double" in row["reason"] and "fixed strides" in row["reason"]
-    compared = a.compare_compiled()
+    compared = auditor.compare_compiled(a, a)
     assert KEPT in set(compared["status"]) or ONLY_COMPILED in set(compared["status"])
 
 
@@ -271,10 +271,10 @@ def test_a_notebook_cell_s_line_is_named_alike_eager_and_compiled(monkeypatch):
     exec(compile(code, filename, "exec"), scope)
     torch.manual_seed(0)
     a = auditor.audit(scope["Net"]().to(memory_format=CL), _input((2, 3, 16, 16)), compile=True, record_time=False)
-    conv = a.conversions()
+    conv = a.compiled.conversions()
     forward = conv[conv["phase"] == "forward"]
     assert list(forward["source"]) == ["Cell In[5], line 7"]
-    compared = a.compare_compiled()
+    compared = auditor.compare_compiled(a, a)
     mine = compared[(compared["source"] == "Cell In[5], line 7") & compared["cause"].notna()]
     assert list(mine["status"]) == [KEPT] and ONLY_COMPILED not in set(compared["status"])
 
@@ -284,9 +284,9 @@ def test_a_graph_input_in_another_format_is_converted_by_a_kernel():
     a = auditor.audit(CopyBetweenConvs().to(memory_format=CL), _input((2, 3, 16, 16), torch.contiguous_format),
                       compile=True, record_time=False)
     assert_conversions_match_the_code(a)
-    conv = a.conversions()
+    conv = a.compiled.conversions()
     inputs = conv[conv["reason"].str.contains("graph input in contiguous")]
-    layout_opt = a.graphs().query("phase == 'forward'")["layout_opt"].all()
+    layout_opt = a.compiled.graphs().query("phase == 'forward'")["layout_opt"].all()
     assert len(inputs) == (1 if layout_opt else 0)
     if layout_opt:
         assert inputs.iloc[0]["phase"] == "forward" and inputs.iloc[0]["to_format"] == "channels_last"
@@ -299,7 +299,7 @@ def test_a_zoo_model_compiled():
     model = torchvision.models.squeezenet1_1(num_classes=10).to(memory_format=CL)
     a = auditor.audit(model, _input((2, 3, 32, 32)), compile=True, record_time=False)
     assert_conversions_match_the_code(a)
-    compared = a.compare_compiled()
+    compared = auditor.compare_compiled(a, a)
     assert set(compared["status"]) <= {REMOVED, KEPT, ONLY_COMPILED}
     assert compared["cause"].notna().sum() == len(a.causes())
 
@@ -308,19 +308,20 @@ def test_a_zoo_model_compiled():
 def test_a_compiled_audit_round_trips_and_shows_itself(copy_audit, tmp_path):
     events, compiled = tmp_path / "events.csv", tmp_path / "compiled.csv"
     copy_audit.to_csv(events)
-    copy_audit.compiled_to_csv(compiled)
+    copy_audit.compiled.to_csv(compiled)
     back = auditor.Audit.read_csv(events, compiled=compiled)
     assert back.compiled
     for table in ("conversions", "graphs", "kernels"):
         import pandas as pd
 
-        pd.testing.assert_frame_equal(getattr(back, table)(), getattr(copy_audit, table)())
-    pd.testing.assert_frame_equal(back.compare_compiled(), copy_audit.compare_compiled())
+        pd.testing.assert_frame_equal(getattr(back.compiled, table)(), getattr(copy_audit.compiled, table)())
+    pd.testing.assert_frame_equal(auditor.compare_compiled(back, back), auditor.compare_compiled(copy_audit, copy_audit))
     text = copy_audit.report()
     assert "Compiled step (torch.compile, Inductor)" in text and "removed by the compiler" in text
     assert "Graphs Inductor lowered" in copy_audit._repr_html_()
+    assert auditor.Audit.read_csv(events).compiled is None
     with pytest.raises(ValueError, match="not compiled"):
-        auditor.Audit.read_csv(events).conversions()
+        auditor.compare_compiled(copy_audit, auditor.Audit.read_csv(events))
 
 
 def test_a_model_that_does_not_compile_gives_dynamos_reason():
@@ -341,7 +342,7 @@ def test_an_untested_torch_release_is_refused_with_its_version(monkeypatch, vers
 
 
 def test_changed_inductor_internals_are_refused(monkeypatch):
-    from auditor.recording import _torch
+    from auditor._recording import _torch
 
     monkeypatch.setitem(_torch.INDUCTOR_SHAPES, "debug.set_kernel_post_grad_provenance_tracing",
                         ("node_schedule", "kernel_name", "no_such_parameter"))

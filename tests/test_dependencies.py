@@ -20,7 +20,7 @@ PACKAGE = ROOT / "auditor"
 PLUGIN = ROOT / "format_auditor_pytest.py"
 
 #: modules pytest itself loads: ``pytest`` is there whenever they run
-PYTEST_ONLY = {"pytest_plugin", "format_auditor_pytest"}
+PYTEST_ONLY = {"format_auditor_pytest"}
 
 
 def _requirement_name(spec: str) -> str:

@@ -17,11 +17,12 @@ import torch
 import torch.nn as nn
 
 import auditor
-from auditor.display import progress
-from auditor.display._html import source_html, table_html
-from auditor.display._text import short_path
+from auditor._display import progress
+from auditor._display._html import source_html, table_html
+from auditor._display._text import short_path
+from auditor._display._units import format_bytes, format_us
+from auditor._recording import _cells as sources
 from auditor.distributed import RankAudits
-from auditor.recording import _cells as sources
 
 ROOT = Path(__file__).resolve().parent.parent
 HERE = str(Path(__file__).resolve())
@@ -293,8 +294,8 @@ def test_fixes_table_fix_number_is_right_aligned_and_its_code_left(audit):
 
 
 def test_nothing_reads_as_zero_point_zero():
-    assert auditor.display.format_bytes(0) == "0 B" and auditor.display.format_us(0.0) == "0 s"
-    assert auditor.display.format_bytes(1500) == "1.5 kB"
+    assert format_bytes(0) == "0 B" and format_us(0.0) == "0 s"
+    assert format_bytes(1500) == "1.5 kB"
     plain = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 4, 3))
     report = auditor.audit(plain.to(memory_format=CL), torch.randn(1, 3, 8, 8).to(memory_format=CL),
                            record_time=False).report()
@@ -310,7 +311,7 @@ def test_report_explains_the_n_a_kind(audit):
 
 def test_modules_share_is_of_what_they_are_ranked_by():
     """Timed, a module's share is of the hotspots' time, and says so."""
-    from auditor.display._report import module_rows
+    from auditor._display._report import module_rows
 
     summary = pd.DataFrame({"module": ["a", "b"], "hotspots": [1, 1], "bytes": [900, 100],
                             "share": [0.9, 0.1], "time_us": [10.0, 30.0]})
@@ -342,7 +343,7 @@ def repeated() -> auditor.Audit:
 def test_hotspots_of_repeated_blocks_show_as_one_row_each(repeated):
     """The same statement in blocks 1..5 is one row of the report and of the HTML (module path
     ``1–5.conv2``, the counts summed), while Audit.hotspots() keeps a group per block."""
-    from auditor.display._report import combine_blocks
+    from auditor._display._report import combine_blocks
 
     hot = repeated.hotspots()
     assert (hot["count"] == 1).all() and len(hot) >= 10  # one group per block and statement
@@ -358,7 +359,7 @@ def test_hotspots_of_repeated_blocks_show_as_one_row_each(repeated):
 
 
 def test_block_paths_show_the_values_each_numeric_part_takes():
-    from auditor.display._report import _block_path, combine_blocks
+    from auditor._display._report import _block_path, combine_blocks
 
     assert _block_path(["stage3.1.branch2.0", "stage3.2.branch2.0", "stage3.3.branch2.0"]) == "stage3.1–3.branch2.0"
     assert _block_path(["features.3", "features.7", "features.8"]) == "features.3,7–8"

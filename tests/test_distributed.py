@@ -386,7 +386,8 @@ def test_single_process_audit_has_no_buckets_and_grads_are_checked():
 def test_merge_rejects_missing_and_duplicate_ranks(run, tmp_path):
     import shutil
 
-    from auditor.distributed import merge_rank_audits, rank_path
+    from auditor.distributed import merge_rank_audits
+    from auditor.distributed._files import rank_path
 
     assert rank_path(tmp_path, 3) == str(tmp_path / "audit.rank3.csv")
     assert rank_path("x/run.csv", 1) == "x/run.rank1.csv"

@@ -13,7 +13,7 @@ import torch.nn as nn
 from planted import CAUSE_MODELS, make_cause
 
 import auditor
-from auditor.analysis import _costs as costs
+from auditor._analysis import _costs as costs
 
 CL = torch.channels_last
 

@@ -48,9 +48,9 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
 import auditor
-from auditor.recording import _log as log
-from auditor.recording._mode import RecorderMode
-from auditor.recording._profile import ProfileSession
+from auditor._recording import _log as log
+from auditor._recording._mode import RecorderMode
+from auditor._recording._profile import ProfileSession
 
 # -- the CSV file (item 7) ----------------------------------------------------------------------
 #
@@ -676,9 +676,9 @@ def _patch(monkeypatch, target: str, replacement) -> None:
 @pytest.mark.parametrize(
     "target, replacement, error",
     [
-        ("auditor.recording._profile.ProfileSession.start", _raise_keyboard_interrupt, KeyboardInterrupt),
-        ("auditor.recording._modules.register_module_forward_hook", _raise_keyboard_interrupt, KeyboardInterrupt),
-        ("auditor.recording._mode.RecorderMode.__enter__", _pushed_then_interrupted, KeyboardInterrupt),
+        ("auditor._recording._profile.ProfileSession.start", _raise_keyboard_interrupt, KeyboardInterrupt),
+        ("auditor._recording._modules.register_module_forward_hook", _raise_keyboard_interrupt, KeyboardInterrupt),
+        ("auditor._recording._mode.RecorderMode.__enter__", _pushed_then_interrupted, KeyboardInterrupt),
         ("torch.optim.optimizer.register_optimizer_step_post_hook", _raise_keyboard_interrupt, KeyboardInterrupt),
     ],
     ids=["profiler start", "module hook", "mode pushed, then interrupted", "optimizer hook"],
@@ -715,10 +715,10 @@ def _stopped_then_interrupted(self):
     "target, replacement, error",
     [
         ("auditor._result.Audit.from_raw", _raise_keyboard_interrupt, KeyboardInterrupt),
-        ("auditor.recording._log.build_frames", lambda raw: 1 / 0, ZeroDivisionError),
-        ("auditor.recording._profile.ProfileSession.stop", _stopped_then_interrupted, KeyboardInterrupt),
-        ("auditor.recording._mode.RecorderMode.__exit__", _failing_exit, RuntimeError),
-        ("auditor.recording._modules.ForwardModuleTracker._fw_post_hook", _raise_keyboard_interrupt, KeyboardInterrupt),
+        ("auditor._recording._log.build_frames", lambda raw: 1 / 0, ZeroDivisionError),
+        ("auditor._recording._profile.ProfileSession.stop", _stopped_then_interrupted, KeyboardInterrupt),
+        ("auditor._recording._mode.RecorderMode.__exit__", _failing_exit, RuntimeError),
+        ("auditor._recording._modules.ForwardModuleTracker._fw_post_hook", _raise_keyboard_interrupt, KeyboardInterrupt),
     ],
     ids=["building the audit", "building the frames", "profiler stop", "mode exit", "interrupted inside the block"],
 )
@@ -1217,7 +1217,7 @@ def test_cli_models_with_the_same_factory_name_get_distinct_folders(factories, t
 
 
 def test_a_missing_private_entry_point_is_named_with_the_torch_version(monkeypatch):
-    from auditor.recording import _torch
+    from auditor._recording import _torch
 
     name = "torch._C._current_graph_task_id"
     monkeypatch.setattr(_torch, "MISSING", {name: _torch.Missing(name, "not found")})
@@ -1238,7 +1238,7 @@ def test_a_missing_private_entry_point_is_named_with_the_torch_version(monkeypat
 
 
 def test_a_torch_without_the_reduction_tag_finds_reductions_by_their_schema(monkeypatch):
-    from auditor.recording import _torch
+    from auditor._recording import _torch
 
     aten = torch.ops.aten
     reductions = [aten.sum.dim_IntList, aten.mean.dim, aten.amax.default, aten.var.correction, aten.argmax.default]
@@ -1253,7 +1253,7 @@ def test_a_torch_without_the_reduction_tag_finds_reductions_by_their_schema(monk
 
 
 def test_a_lazy_entry_point_is_looked_up_once_and_a_missing_one_names_its_feature(monkeypatch):
-    from auditor.recording import _torch
+    from auditor._recording import _torch
 
     assert _torch.GraphLowering is _torch.GraphLowering  # kept after the first read
     monkeypatch.setitem(_torch.ENTRIES["inductor"], "no_such_pass", "torch._inductor.no_such_pass")

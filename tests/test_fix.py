@@ -14,8 +14,11 @@ import torch.nn as nn
 from planted import make, make_cause
 
 import auditor
-from auditor import fix, plan
-from auditor.display._text import short_source
+from auditor import _plan as plan
+from auditor._display._text import short_source
+from auditor._fix import _convert, _generators, _hooks, _keep_format, _suggest
+from auditor._measure import _harness
+from auditor._plan import _layout
 
 CL, CL3 = torch.channels_last, torch.channels_last_3d
 
@@ -46,8 +49,8 @@ def test_conv2d_helper_converts_nested_convs_in_place_and_reports():
     m = Nested()
     params = {name: p for name, p in m.named_parameters()}
     values = {name: p.detach().clone() for name, p in params.items()}
-    report = fix.convert_conv2d_weight_memory_format(m, CL)
-    assert list(report.columns) == fix.WEIGHT_CONVERSION_COLUMNS
+    report = auditor.convert_conv2d_weight_memory_format(m, CL)
+    assert list(report.columns) == _convert.WEIGHT_CONVERSION_COLUMNS
     assert list(report["module"]) == ["stem", "body.1.0", "body.1.1"]
     assert list(report["module_type"]) == ["Conv2d", "Conv2d", "ConvTranspose2d"]
     # the 1x1 kernel is contiguous in both formats, but its strides still pick the conv's layout
@@ -64,10 +67,10 @@ def test_conv2d_helper_converts_nested_convs_in_place_and_reports():
 
 def test_conv_helpers_are_idempotent_and_undo_with_contiguous_format():
     m = Nested()
-    assert len(fix.convert_conv2d_weight_memory_format(m, CL)) == 3
-    again = fix.convert_conv2d_weight_memory_format(m, CL)
-    assert again.empty and list(again.columns) == fix.WEIGHT_CONVERSION_COLUMNS
-    back = fix.convert_conv2d_weight_memory_format(m, torch.contiguous_format)
+    assert len(auditor.convert_conv2d_weight_memory_format(m, CL)) == 3
+    again = auditor.convert_conv2d_weight_memory_format(m, CL)
+    assert again.empty and list(again.columns) == _convert.WEIGHT_CONVERSION_COLUMNS
+    back = auditor.convert_conv2d_weight_memory_format(m, torch.contiguous_format)
     assert list(back["to_format"]) == ["contiguous"] * 3
     assert all(mod.weight.is_contiguous() for mod in (m.stem, m.body[1][0], m.body[1][1]))
 
@@ -80,7 +83,7 @@ def test_optimizer_created_before_conversion_keeps_training_the_same_parameters(
     opts = [torch.optim.SGD(mm.parameters(), lr=0.1, momentum=0.9) for mm in (m, ref)]
     for step in range(3):
         if step == 1:  # convert between two steps: momentum buffers exist already
-            fix.convert_conv2d_weight_memory_format(m, CL)
+            auditor.convert_conv2d_weight_memory_format(m, CL)
         for mm, opt, inp in ((m, opts[0], x.contiguous(memory_format=CL) if step else x), (ref, opts[1], x)):
             opt.zero_grad()
             mm(inp).sum().backward()
@@ -93,18 +96,18 @@ def test_optimizer_created_before_conversion_keeps_training_the_same_parameters(
 
 def test_conv3d_helper_covers_conv3d_and_conv_transpose3d_only():
     m = nn.Sequential(nn.Conv3d(2, 4, 3), nn.ConvTranspose3d(4, 2, 2), nn.Conv2d(2, 2, 3))
-    report = fix.convert_conv3d_weight_memory_format(m, CL3)
+    report = auditor.convert_conv3d_weight_memory_format(m, CL3)
     assert list(report["module"]) == ["0", "1"]
     assert list(report["to_format"]) == ["channels_last_3d"] * 2
     assert m[0].weight.is_contiguous(memory_format=CL3) and m[2].weight.is_contiguous()
-    assert fix.convert_conv3d_weight_memory_format(m, CL3).empty
+    assert auditor.convert_conv3d_weight_memory_format(m, CL3).empty
 
 
 def test_helper_behaves_like_torch_on_the_weights():
     torch.manual_seed(0)
     ours, theirs = Nested(), Nested()
     theirs.load_state_dict(ours.state_dict())
-    fix.convert_conv2d_weight_memory_format(ours, CL)
+    auditor.convert_conv2d_weight_memory_format(ours, CL)
     torch.nn.utils.convert_conv2d_weight_memory_format(theirs, CL)
     for p, q in zip(ours.parameters(), theirs.parameters()):
         assert p.stride() == q.stride() and torch.equal(p, q)
@@ -113,10 +116,10 @@ def test_helper_behaves_like_torch_on_the_weights():
 @pytest.mark.parametrize(
     "helper, fmt, error, words",
     [
-        (fix.convert_conv2d_weight_memory_format, CL3, ValueError, "convert_conv3d_weight_memory_format"),
-        (fix.convert_conv2d_weight_memory_format, torch.preserve_format, ValueError, "channels_last"),
-        (fix.convert_conv3d_weight_memory_format, CL, ValueError, "convert_conv2d_weight_memory_format"),
-        (fix.convert_conv2d_weight_memory_format, "channels_last", TypeError, "torch.memory_format"),
+        (auditor.convert_conv2d_weight_memory_format, CL3, ValueError, "convert_conv3d_weight_memory_format"),
+        (auditor.convert_conv2d_weight_memory_format, torch.preserve_format, ValueError, "channels_last"),
+        (auditor.convert_conv3d_weight_memory_format, CL, ValueError, "convert_conv2d_weight_memory_format"),
+        (auditor.convert_conv2d_weight_memory_format, "channels_last", TypeError, "torch.memory_format"),
     ],
 )
 def test_helpers_reject_a_format_of_the_wrong_rank(helper, fmt, error, words):
@@ -126,9 +129,9 @@ def test_helpers_reject_a_format_of_the_wrong_rank(helper, fmt, error, words):
 
 def test_helpers_reject_what_is_not_a_module():
     with pytest.raises(TypeError, match="nn.Module"):
-        fix.convert_conv2d_weight_memory_format(torch.zeros(1), CL)
+        auditor.convert_conv2d_weight_memory_format(torch.zeros(1), CL)
     with pytest.raises(TypeError, match="nn.Module"):
-        fix.to_channels_last(lambda x: x)
+        auditor.to_channels_last(lambda x: x)
 
 
 def test_to_channels_last_picks_the_format_by_rank():
@@ -145,7 +148,7 @@ def test_to_channels_last_picks_the_format_by_rank():
     m = Both()
     ids = [id(p) for p in m.parameters()]
     x2, x3, v = torch.randn(1, 3, 5, 5), torch.randn(1, 3, 4, 5, 5), torch.randn(3)
-    out = fix.to_channels_last(m, x2, {"x3": x3, "other": [v, 7]})
+    out = auditor.to_channels_last(m, x2, {"x3": x3, "other": [v, 7]})
     assert out[0] is m and len(out) == 3
     assert out[1].is_contiguous(memory_format=CL) and not out[1].is_contiguous()
     assert out[2]["x3"].is_contiguous(memory_format=CL3) and not out[2]["x3"].is_contiguous()
@@ -153,29 +156,29 @@ def test_to_channels_last_picks_the_format_by_rank():
     assert m.c2.weight.is_contiguous(memory_format=CL) and m.c3.weight.is_contiguous(memory_format=CL3)
     assert m.grid.stride() == torch.empty(1, 2, 3, 3, memory_format=CL).stride()
     assert [id(p) for p in m.parameters()] == ids
-    assert fix.to_channels_last(m) is m  # no inputs: the model alone
+    assert auditor.to_channels_last(m) is m  # no inputs: the model alone
     torch.testing.assert_close(m(out[1], out[2]["x3"]), Both.forward(m, x2, x3))
 
 
 def test_keep_contiguous_runs_a_region_contiguous_with_the_same_values():
     model, x = make("softmax")
     ref = model(x)
-    report = fix.keep_contiguous(model, ["conv1", "conv2"])
+    report = auditor.keep_contiguous(model, ["conv1", "conv2"])
     assert set(report["module"]) == {"conv1", "conv2"}
     a = auditor.audit(model, x)
     assert a.hotspots().empty
     torch.testing.assert_close(model(x), ref)
-    assert fix.remove_input_formats(model) == 2
+    assert _hooks.remove_input_formats(model) == 2
     with pytest.raises(ValueError, match="not a Conv2d"):
-        fix.keep_contiguous(model, ["mid"])
+        auditor.keep_contiguous(model, ["mid"])
     with pytest.raises(ValueError, match="no module named"):
-        fix.keep_contiguous(model, ["nope"])
+        auditor.keep_contiguous(model, ["nope"])
 
 
 @pytest.mark.parametrize("dim", [1, 2, 3, -1])
 def test_softmax_keep_format_same_values_and_format_both_ways(dim):
     x = torch.randn(2, 5, 4, 3).contiguous(memory_format=CL).requires_grad_()
-    y = fix.softmax_keep_format(x, dim)
+    y = _keep_format.softmax_keep_format(x, dim)
     torch.testing.assert_close(y, torch.softmax(x, dim))
     assert y.is_contiguous(memory_format=CL)
     g = torch.randn_like(y)
@@ -191,28 +194,28 @@ def test_format_keeping_layer_norm_and_instance_norm_swaps():
     ln = nn.LayerNorm([4, 5, 5])
     nn.init.normal_(ln.weight)
     nn.init.normal_(ln.bias)
-    swapped = fix.LayerNormKeepFormat.from_module(ln)
+    swapped = auditor.LayerNormKeepFormat.from_module(ln)
     assert swapped.weight is ln.weight
     torch.testing.assert_close(swapped(x), ln(x), rtol=1e-4, atol=1e-5)
     assert swapped(x).is_contiguous(memory_format=CL)
     inorm = nn.InstanceNorm2d(4, affine=True)
-    gn = fix.swap_instance_norm(inorm)
+    gn = auditor.swap_instance_norm(inorm)
     torch.testing.assert_close(gn(x), inorm(x), rtol=1e-4, atol=1e-5)
     assert gn(x).is_contiguous(memory_format=CL)
     with pytest.raises(ValueError, match="running stats"):
-        fix.swap_instance_norm(nn.InstanceNorm2d(4, track_running_stats=True))
+        auditor.swap_instance_norm(nn.InstanceNorm2d(4, track_running_stats=True))
 
 
 # -- suggested fixes --------------------------------------------------------------------------------
 
 EXPECTED_ACTIONS = {
-    "explicit_contiguous": fix.EDIT,
-    "mixed_cat": fix.EDIT,
-    "channels_last_3d": fix.EDIT,
-    "user_restore": fix.EDIT,
-    "softmax": fix.SWAP,
-    "reshape_copy": fix.REGION,
-    "bicubic": fix.REGION,
+    "explicit_contiguous": _suggest.EDIT,
+    "mixed_cat": _suggest.EDIT,
+    "channels_last_3d": _suggest.EDIT,
+    "user_restore": _suggest.EDIT,
+    "softmax": _suggest.SWAP,
+    "reshape_copy": _suggest.REGION,
+    "bicubic": _suggest.REGION,
 }
 
 
@@ -222,7 +225,7 @@ def fixes():
     for name in planted.MODELS:
         model, x = make(name)
         a = auditor.audit(model, x, record_source=True)
-        out[name] = (a, fix.suggest_fixes(a))
+        out[name] = (a, auditor.suggest_fixes(a))
     return out
 
 
@@ -230,8 +233,8 @@ def fixes():
 def test_one_fix_covers_every_hotspot_of_a_planted_break(fixes, name):
     a, f = fixes[name]
     assert list(f.frame["action"]) == [EXPECTED_ACTIONS[name]]
-    assert list(f.frame.columns) == fix.FIX_COLUMNS
-    assert len(f.hotspots) == len(a.hotspots()) and (f.hotspots["fix"] == 1).all()
+    assert list(f.frame.columns) == _suggest.FIX_COLUMNS
+    assert len(f.hotspots()) == len(a.hotspots()) and (f.hotspots()["fix"] == 1).all()
     row = f.frame.iloc[0]
     assert row["hotspot_bytes"] == a.hotspots()["bytes"].sum()
     assert row["bytes"] == row["hotspot_bytes"] - row["added_bytes"] > 0
@@ -307,21 +310,21 @@ def test_applying_swap_and_region_fixes_in_place(fixes, name):
 def test_swap_suggestion_is_code_for_the_module(fixes):
     row = fixes["softmax"][1].frame.iloc[0]
     assert row["module"] == "mid" and row["module_type"] == "Softmax"
-    assert row["suggestion"] == "model.mid = auditor.fix.SoftmaxKeepFormat.from_module(model.mid)"
+    assert row["suggestion"] == "model.mid = auditor.SoftmaxKeepFormat.from_module(model.mid)"
 
 
 def test_region_fix_names_the_convolutions_around_the_break(fixes):
     row = fixes["reshape_copy"][1].frame.iloc[0]
     assert row["region"] == ("conv1", "conv2")
-    assert row["suggestion"] == "auditor.fix.keep_contiguous(model, ['conv1', 'conv2'])"
+    assert row["suggestion"] == "auditor.keep_contiguous(model, ['conv1', 'conv2'])"
     assert "reshape" in row["detail"]
 
 
 def test_source_edit_without_record_source_says_how_to_get_the_line():
     model, x = make("explicit_contiguous")
-    f = fix.suggest_fixes(auditor.audit(model, x, record_source=False))
+    f = auditor.suggest_fixes(auditor.audit(model, x, record_source=False))
     row = f.frame.iloc[0]
-    assert row["action"] == fix.EDIT and row["source"] == "" and "record_source=True" in row["detail"]
+    assert row["action"] == _suggest.EDIT and row["source"] == "" and "record_source=True" in row["detail"]
 
 
 def test_a_source_fix_is_applied_in_memory_and_undone():
@@ -330,7 +333,7 @@ def test_a_source_fix_is_applied_in_memory_and_undone():
     model, x = make("explicit_contiguous")
     ref = model(x)
     a = auditor.audit(model, x)
-    f = fix.suggest_fixes(a)
+    f = auditor.suggest_fixes(a)
     assert f.frame["automatic"].all() and (f.frame["reason"] == "").all()
     done = f.apply(model)
     assert done["applied"].all() and "recompiled" in done.loc[0, "detail"]
@@ -345,7 +348,7 @@ def test_a_source_fix_is_applied_in_memory_and_undone():
 
 def test_a_fix_that_cannot_be_made_says_so_with_its_reason():
     model, x = make_cause("token_group_norm")
-    f = fix.suggest_fixes(auditor.audit(model, x))
+    f = auditor.suggest_fixes(auditor.audit(model, x))
     row = f.frame.iloc[0]
     assert row["pattern"] == "joins" and not row["automatic"] and "not an image" in row["reason"]
     done = f.apply(model)
@@ -369,12 +372,12 @@ class Shuffle(nn.Module):
 
 def test_a_channel_shuffle_in_user_code_gets_one_fix_for_every_hotspot():
     torch.manual_seed(0)
-    model, x = fix.to_channels_last(Shuffle(), torch.randn(2, 3, 6, 6))
+    model, x = auditor.to_channels_last(Shuffle(), torch.randn(2, 3, 6, 6))
     a = auditor.audit(model, x, record_source=True)
-    f = fix.suggest_fixes(a)
-    assert len(f) == 1 and len(f.hotspots) == len(a.hotspots()) >= 3
+    f = auditor.suggest_fixes(a)
+    assert len(f) == 1 and len(f.hotspots()) == len(a.hotspots()) >= 3
     row = f.frame.iloc[0]
-    assert row["action"] == fix.EDIT and "channel_shuffle" in row["suggestion"]
+    assert row["action"] == _suggest.EDIT and "channel_shuffle" in row["suggestion"]
     assert "transpose" in row["line"] and row["bytes"] == a.hotspots()["bytes"].sum()
 
 
@@ -385,12 +388,12 @@ def test_torchvision_channel_shuffle_function_becomes_torchs_and_removes_every_h
     from torchvision.models import shufflenetv2
 
     torch.manual_seed(0)
-    model, x = fix.to_channels_last(torchvision.models.shufflenet_v2_x0_5().eval(), torch.randn(1, 3, 32, 32))
+    model, x = auditor.to_channels_last(torchvision.models.shufflenet_v2_x0_5().eval(), torch.randn(1, 3, 32, 32))
     a = auditor.audit(model, x, record_source=True)
-    f = fix.suggest_fixes(a)
-    assert len(f) == 1 and len(f.hotspots) == len(a.hotspots()) > 20
+    f = auditor.suggest_fixes(a)
+    assert len(f) == 1 and len(f.hotspots()) == len(a.hotspots()) > 20
     row = f.frame.iloc[0]
-    assert row["action"] == fix.EDIT and row["automatic"]
+    assert row["action"] == _suggest.EDIT and row["automatic"]
     assert row["suggestion"].strip() == "return torch.nn.functional.channel_shuffle(x, groups)"
     assert "torch.transpose(x, 1, 2).contiguous()" in row["line"]
     ref = model(x)
@@ -429,20 +432,20 @@ def test_a_shuffle_function_with_other_parameters_is_left_by_hand(tmp_path, monk
         def forward(self, x):
             return self.b(shuffles.shuffle_in_two(self.a(x)))
 
-    model, x = fix.to_channels_last(Net(), torch.randn(1, 3, 6, 6))
-    row = fix.suggest_fixes(auditor.audit(model, x)).frame.iloc[0]
+    model, x = auditor.to_channels_last(Net(), torch.randn(1, 3, 6, 6))
+    row = auditor.suggest_fixes(auditor.audit(model, x)).frame.iloc[0]
     assert row["pattern"] == "channel_shuffle" and not row["automatic"]
     assert "takes other parameters than (x, groups)" in row["reason"]
 
 
 def test_suggest_fixes_rejects_what_is_not_an_audit():
     with pytest.raises(TypeError, match="Audit"):
-        fix.suggest_fixes(pd.DataFrame())
+        auditor.suggest_fixes(pd.DataFrame())
 
 
 def test_module_expr_spells_sequential_indices():
-    assert fix.module_expr("layer1.0.conv2") == "model.layer1[0].conv2"
-    assert fix.module_expr("<root>") == "model"
+    assert _generators.module_expr("layer1.0.conv2") == "model.layer1[0].conv2"
+    assert _generators.module_expr("<root>") == "model"
 
 
 # -- layout plans --------------------------------------------------------------------------------
@@ -472,17 +475,6 @@ def fast_measurements(monkeypatch):
     monkeypatch.setattr(plan._measure, "MODEL_SAMPLE_US", 1000.0)
 
 
-def test_plan_layouts_old_train_switch_still_works_and_says_it_is_deprecated(fast_measurements):
-    """``backward=`` is the switch's one name, as in ``audit()``; ``train=`` keeps working."""
-    torch.manual_seed(0)
-    model, x = Small(), torch.randn(2, 3, 12, 12)
-    with pytest.warns(DeprecationWarning, match="backward="):
-        p = plan.plan_layout(model, x, train=True, repeats=2, recordings=1)
-    assert p.train and p.step.backward and (p.audit.events["phase"] == "backward").any()
-    with pytest.raises(TypeError, match="disagree"):
-        plan.plan_layout(model, x, train=True, backward=False)
-
-
 @pytest.mark.parametrize("train", [False, True])
 def test_plan_layout_reasons_and_apply_plan_keep_outputs_and_inputs(fast_measurements, train):
     torch.manual_seed(0)
@@ -491,13 +483,13 @@ def test_plan_layout_reasons_and_apply_plan_keep_outputs_and_inputs(fast_measure
     ref = model.eval()(x) if not train else None
     model.train(train)
     state = copy.deepcopy(model.state_dict())
-    p = plan.plan_layout(model, x, backward=train, repeats=2, recordings=1)
+    p = auditor.plan_layout(model, x, backward=train, repeats=2, recordings=1)
     for k, v in model.state_dict().items():  # planning runs on copies
         assert torch.equal(v, state[k]), k
     assert set(p.formats) == {"stem", "grouped", "conv", "head"}
     assert set(p.formats.values()) <= {"contiguous", "channels_last"}
     c = p.convs.set_index("module")
-    assert list(p.convs.columns) == plan.CONV_COLUMNS
+    assert list(p.convs.columns) == _layout.CONV_COLUMNS
     assert c.at["grouped", "groups"] == 4 and c.at["grouped", "input_shape"] == (2, 16, 12, 12)
     assert (p.convs[["conv_contiguous_us", "conv_channels_last_us"]] > 0).all().all()
     assert list(p.candidates["candidate"]) == ["planned", "all contiguous", "all channels_last"]
@@ -506,7 +498,7 @@ def test_plan_layout_reasons_and_apply_plan_keep_outputs_and_inputs(fast_measure
     assert "Layout plan" in str(p)
 
     params = [id(p) for p in model.parameters()]
-    applied = plan.apply_plan(model, p)
+    applied = auditor.apply_plan(model, p)
     assert [id(p) for p in model.parameters()] == params
     assert applied.allclose and applied.max_abs_diff < 1e-4
     hs = applied.hotspots.set_index("phase")
@@ -522,51 +514,51 @@ def test_a_forced_mixed_plan_converts_at_region_borders(fast_measurements):
     model = Small().eval()
     x = torch.randn(2, 3, 12, 12)
     ref = model(x)
-    p = plan.plan_layout(model, x, repeats=1, recordings=1)
+    p = auditor.plan_layout(model, x, repeats=1, recordings=1)
     mixed = p.with_formats(stem="channels_last", grouped="contiguous", conv="channels_last", head="channels_last")
     assert mixed.chosen == "by hand"
     # the input arrives contiguous, grouped reads the stem's channels_last output, and conv reads
     # the softmax's contiguous output: three conversions; head follows conv (its first operand)
     assert mixed.converted_inputs == {"stem": "channels_last", "grouped": "contiguous", "conv": "channels_last"}
-    applied = plan.apply_plan(model, mixed)
+    applied = auditor.apply_plan(model, mixed)
     assert applied.allclose
     torch.testing.assert_close(model(x), ref, rtol=1e-4, atol=1e-5)
     assert model.grouped.weight.is_contiguous() and model.stem.weight.is_contiguous(memory_format=CL)
     # applying again replaces the hooks instead of stacking them
-    plan.apply_plan(model, mixed, check=False)
-    assert sum(isinstance(h, fix.InputFormat) for m in model.modules() for h in m._forward_pre_hooks.values()) == 3
+    auditor.apply_plan(model, mixed, check=False)
+    assert sum(isinstance(h, _hooks.InputFormat) for m in model.modules() for h in m._forward_pre_hooks.values()) == 3
     with pytest.raises(ValueError, match="takes 'contiguous' or 'channels_last'"):
         p.with_formats(stem="channels_last_3d")
     with pytest.raises(ValueError, match="not a planned convolution"):
         p.with_formats(mid="contiguous")
 
 
-@pytest.mark.filterwarnings("ignore::auditor.plan.NoisyPlanWarning")  # a tiny model, timed for its plan only
+@pytest.mark.filterwarnings("ignore::auditor.NoisyPlanWarning")  # a tiny model, timed for its plan only
 def test_plan_layout_and_apply_plan_reject_bad_input(fast_measurements):
     with pytest.raises(TypeError, match="nn.Module"):
-        plan.plan_layout(lambda x: x, torch.randn(1, 3, 4, 4))
+        auditor.plan_layout(lambda x: x, torch.randn(1, 3, 4, 4))
     with pytest.raises(ValueError, match="inputs"):
-        plan.plan_layout(Small())
+        auditor.plan_layout(Small())
     with pytest.raises(TypeError, match="LayoutPlan"):
-        plan.apply_plan(Small(), {"stem": "channels_last"})
-    p = plan.plan_layout(Small().eval(), torch.randn(1, 3, 6, 6), repeats=1, recordings=1)
+        auditor.apply_plan(Small(), {"stem": "channels_last"})
+    p = auditor.plan_layout(Small().eval(), torch.randn(1, 3, 6, 6), repeats=1, recordings=1)
     with pytest.raises(ValueError, match="not a convolution of this model"):
-        plan.apply_plan(nn.Sequential(nn.Conv2d(3, 3, 1)), p)
+        auditor.apply_plan(nn.Sequential(nn.Conv2d(3, 3, 1)), p)
 
 
 def test_time_interleaved_reports_both_clocks_spread_and_page_faults():
-    t = plan.time_interleaved({"a": lambda: sum(range(100)), "b": lambda: sum(range(200))}, 3, min_sample_us=100)
+    t = _harness.time_interleaved({"a": lambda: sum(range(100)), "b": lambda: sum(range(200))}, 3, min_sample_us=100)
     assert list(t.index) == ["a", "b"]
     assert {"wall_us", "cpu_us", "wall_spread", "cpu_spread", "faults"} <= set(t.columns)
     assert (t[["wall_us", "cpu_us"]] > 0).all().all()
-    assert isinstance(plan.steady_malloc(), bool)
-    assert plan.default_clock("cpu") in ("cpu", "wall")
+    assert isinstance(auditor.steady_malloc(), bool)
+    assert _harness.default_clock("cpu") in ("cpu", "wall")
 
 
 def test_time_interleaved_times_one_thread_in_cpu_time_with_paired_ratios(monkeypatch):
     """By default one thread, process CPU time, and each callable's paired ratio to the first
     with its interval and a verdict: load from elsewhere cannot turn noise into a saving."""
-    from auditor.measure import _harness
+    from auditor._measure import _harness
 
     seen = []
 
@@ -576,16 +568,16 @@ def test_time_interleaved_times_one_thread_in_cpu_time_with_paired_ratios(monkey
 
     monkeypatch.setattr(_harness, "sample", fake)
     threads = torch.get_num_threads()
-    t = plan.time_interleaved({"a": lambda: None, "b": lambda: None, "c": lambda: None}, 7)
+    t = _harness.time_interleaved({"a": lambda: None, "b": lambda: None, "c": lambda: None}, 7)
     assert set(seen) == {1} and torch.get_num_threads() == threads
     assert (t["clock"] == "cpu").all() and list(t["us"]) == [10.0, 20.0, 10.0]
     assert list(t["verdict"]) == ["baseline", "slower", "within noise"]
     assert t.at["b", "ratio"] == 2.0 and t.at["b", "ratio_low"] == 2.0 and (t["rounds"] == 7).all()
-    few = plan.time_interleaved({"a": lambda: None, "b": lambda: None}, 3)
+    few = _harness.time_interleaved({"a": lambda: None, "b": lambda: None}, 3)
     assert few.at["b", "verdict"] == "within noise"  # too few rounds for an interval
     if threads > 1:
         seen.clear()
-        assert (plan.time_interleaved({"a": lambda: None}, 1, threads=None)["clock"] == "wall").all()
+        assert (_harness.time_interleaved({"a": lambda: None}, 1, threads=None)["clock"] == "wall").all()
         assert set(seen) == {threads}
 
 
@@ -597,8 +589,8 @@ def test_swaps_apply_to_subclasses_of_the_torch_module():
     model, x = make("softmax")
     model.mid = Softmax(dim=model.mid.dim)
     ref = model(x)
-    f = fix.suggest_fixes(auditor.audit(model, x))
-    assert list(f.frame["action"]) == [fix.SWAP]
+    f = auditor.suggest_fixes(auditor.audit(model, x))
+    assert list(f.frame["action"]) == [_suggest.SWAP]
     done = f.apply(model)
     assert done["applied"].all()
     torch.testing.assert_close(model(x), ref)
@@ -615,5 +607,5 @@ class TemperedSoftmax(nn.Softmax):
 def test_a_subclass_with_its_own_forward_is_not_swapped():
     model = nn.Sequential(nn.Conv2d(3, 4, 1), TemperedSoftmax(dim=1))
     with pytest.raises(ValueError, match="forward of its own"):
-        fix.swap_module(model, "1")
+        _keep_format.swap_module(model, "1")
     assert type(model[1]) is TemperedSoftmax

@@ -5,8 +5,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from auditor.recording import _formats as formats
-from auditor.recording._formats import format_label, is_dense, nbytes, physical_order
+from auditor._recording import _formats as formats
+from auditor._recording._formats import format_label, is_dense, nbytes, physical_order
 
 CL, CL3 = torch.channels_last, torch.channels_last_3d
 

@@ -1,10 +1,10 @@
-"""The package's layers: imports flow one way, without cycles or borrowed private names."""
+"""The package's layers and its public surface: imports flow one way, without cycles; four public
+modules, few names, each documented."""
 
 from __future__ import annotations
 
 import ast
 import functools
-import re
 from pathlib import Path
 
 import pytest
@@ -13,14 +13,14 @@ PACKAGE = Path(__file__).resolve().parent.parent / "auditor"
 
 #: Each layer may import the layers before it. The README's "How the code is laid out".
 LAYERS = [
-    ("recording", "_deprecated"),
-    ("analysis",),
-    ("display",),
-    ("measure",),
+    ("_recording",),
+    ("_analysis",),
+    ("_display",),
+    ("_measure",),
     ("_result", "_session", "_step"),
-    ("fix",),
-    ("plan",),
-    ("_api", "_fake", "distributed", "plot", "cli", "demo", "testing", "pytest_plugin", "__main__", "__init__"),
+    ("_fix",),
+    ("_plan",),
+    ("_api", "_fake", "distributed", "plot", "cli", "demo", "testing", "__main__", "__init__"),
 ]
 RANK = {name: i for i, names in enumerate(LAYERS) for name in names}
 
@@ -72,19 +72,18 @@ def test_every_module_belongs_to_a_layer():
 
 
 @pytest.mark.parametrize("name", sorted(_modules()))
-def test_imports_flow_down_and_take_no_private_names(name):
+def test_imports_flow_down(name):
+    """A layer imports the layers before it, private modules included (the packages below the
+    entry points are all internal), never one after it."""
     path = _modules()[name]
     here = _layer(name)
-    for target, names in _imports(name, path):
+    for target, _ in _imports(name, path):
         there = _layer(target) if target else RANK["__init__"]
         assert there <= here, f"{name} (layer {here}) imports {target} (layer {there})"
         if there == here and target.split(".")[0] != name.split(".")[0]:
-            # side by side in one layer: only the entry points may use each other, and every
-            # package its own old names (the deprecated paths)
-            assert here == len(LAYERS) - 1 or (name, target) in {("_session", "_result"), ("_session", "_step")} or target == "_deprecated", (
+            # side by side in one layer: only the entry points may use each other
+            assert here == len(LAYERS) - 1 or (name, target) in {("_session", "_result"), ("_session", "_step")}, (
                 name, target)
-        private = [n for n in names if n.startswith("_") and not n.startswith("__")]
-        assert not private, f"{name} imports private {private} from {target}"
 
 
 def test_no_import_cycles():
@@ -130,8 +129,52 @@ def test_no_module_is_hidden_by_a_name_of_its_package():
         assert getattr(pkg, leaf, module) is module, f"auditor.{package}.{leaf} is not the module"
 
 
+
+#: The public modules: the facade, the test guard, the figures, distributed audits, and the two
+#: commands (``format-audit``, ``python -m auditor.demo``). Everything else has a leading underscore.
+PUBLIC = {"__init__": "auditor", "testing": "auditor.testing", "plot": "auditor.plot",
+          "distributed.__init__": "auditor.distributed"}
+COMMANDS = {"cli": "auditor.cli", "demo": "auditor.demo", "__main__": None}
+MAX_PUBLIC_NAMES = 40
+
+
+def test_only_the_facade_testing_plot_distributed_and_the_commands_are_public():
+    public = {n for n in _modules() if not any(p.startswith("_") and not p.startswith("__") for p in n.split("."))}
+    assert public == set(PUBLIC) | set(COMMANDS)
+
+
+def test_the_public_names_are_few_and_each_is_documented():
+    import importlib
+
+    names = []
+    for module in PUBLIC.values():
+        mod = importlib.import_module(module)
+        assert len(set(mod.__all__)) == len(mod.__all__), module
+        for name in mod.__all__:
+            assert (getattr(mod, name).__doc__ or "").strip(), f"{module}.{name} has no docstring"
+            names.append(f"{module}.{name}")
+    assert len(names) <= MAX_PUBLIC_NAMES, names
+    for module in filter(None, COMMANDS.values()):
+        assert importlib.import_module(module).__all__ == ["main"]
+
+
+@pytest.mark.parametrize("name", sorted(n for n in _modules() if n.startswith("_") and n.endswith("__init__")
+                                        and n != "__init__"))
+def test_an_internal_package_exports_nothing(name):
+    """Its modules are imported by name: an ``__init__`` that re-exports them would load them all
+    with the package, and make every shared helper look like an API."""
+    tree = ast.parse(_modules()[name].read_text())
+    assert [type(n) for n in tree.body] == [ast.Expr], f"{name} holds more than its docstring"
+
+
+@pytest.mark.parametrize("name", sorted(_modules()))
+def test_no_module_serves_names_it_does_not_define(name):
+    """No module-level ``__getattr__``: every name a module offers is one it defines or imports."""
+    tree = ast.parse(_modules()[name].read_text())
+    assert not [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "__getattr__"]
+
 #: The one module that names torch's private entry points (README, "Which torch").
-FENCE = "recording._torch"
+FENCE = "_recording._torch"
 
 
 def _private_torch_names(tree: ast.AST) -> list[str]:
@@ -168,32 +211,15 @@ def test_the_fence_check_sees_private_names():
     assert _private_torch_names(ast.parse(code)) == ["torch._C", "torch.utils", "torch._C._f"]
 
 
-def test_old_names_still_import_with_a_deprecation_warning():
-    """Modules that went private, the 0.1 aliases and renamed names keep working, warned."""
-    import importlib
+def test_import_auditor_leaves_the_features_heavy_imports_to_the_features():
+    """libcst (source edits), matplotlib (figures, units) and the Inductor-reading modules
+    (compiled audits) load when a feature first needs them, not with ``import auditor``."""
+    import subprocess
     import sys
-    import warnings
 
-    import torch
-
-    import auditor
-    from auditor import _deprecated
-
-    for old, new in [("auditor.recording.mode", "auditor.recording._mode"), ("auditor.formats", "auditor.recording._formats"),
-                     ("auditor.plan.timing", "auditor.measure._harness"), ("auditor.analysis.causes", "auditor.analysis._causes")]:
-        sys.modules.pop(old, None)
-        with pytest.warns(DeprecationWarning, match=re.escape(old)):
-            module = importlib.import_module(old)
-        assert module is importlib.import_module(new)
-    with pytest.warns(DeprecationWarning, match="auditor.rules"):
-        from auditor.rules import classify  # noqa: F401
-    with pytest.warns(DeprecationWarning, match="use torch.channels_last"):
-        assert auditor.fix.CHANNELS_LAST is torch.channels_last
-    with pytest.warns(DeprecationWarning, match="PLAN_CONVERSION_COLUMNS"):
-        assert auditor.plan.CONVERSION_COLUMNS is auditor.plan.PLAN_CONVERSION_COLUMNS
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # the supported names warn nothing
-        assert auditor.recording.format_label is auditor.format_label
-    with pytest.raises(AttributeError):
-        auditor.analysis.no_such_name  # noqa: B018
-    assert set(_deprecated.MOVED) >= {"auditor.formats", "auditor.rules", "auditor.recorder", "auditor.log"}
+    heavy = ["libcst", "matplotlib", "auditor._recording._inductor", "auditor._recording._inductor_graph",
+             "auditor._fix._rewrite", "auditor._display._axes", "auditor.plot"]
+    code = f"import sys, auditor; print([m for m in {heavy!r} if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=PACKAGE.parent).stdout
+    assert out.strip() == "[]"

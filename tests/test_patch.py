@@ -14,7 +14,7 @@ import traceback
 
 import pytest
 
-from auditor.fix._patch import (
+from auditor._fix._patch import (
     EditError,
     SourceEdit,
     live_functions,

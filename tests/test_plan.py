@@ -11,11 +11,14 @@ import pytest
 import torch
 import torch.nn as nn
 
-from auditor import measure, plan
-from auditor.display import progress
-from auditor.measure import _decide as decide
-from auditor.plan import _cut as cut
-from auditor.plan import _layout as layout
+import auditor
+from auditor import _measure as measure
+from auditor import _plan as plan
+from auditor._display import progress
+from auditor._measure import _decide as decide
+from auditor._measure import _harness
+from auditor._plan import _cut as cut
+from auditor._plan import _layout as layout
 
 
 class Twins(nn.Module):
@@ -94,7 +97,7 @@ def test_tied_convolutions_get_one_label_from_the_cut():
 
 
 def test_rounds_keep_their_samples_and_take_more():
-    r = plan.Rounds({"x": lambda: sum(range(50)), "y": lambda: sum(range(100))}, min_sample_us=50)
+    r = _harness.Rounds({"x": lambda: sum(range(50)), "y": lambda: sum(range(100))}, min_sample_us=50)
     r.run(3)
     assert len(r) == 3 and len(r.times("cpu")["y"]) == 3
     r.run(2)
@@ -103,7 +106,7 @@ def test_rounds_keep_their_samples_and_take_more():
 
 def test_rounds_alternate_their_order(monkeypatch):
     seen = fake_timer(monkeypatch, lambda name: 1.0)
-    r = plan.Rounds({"x": lambda: None, "y": lambda: None, "z": lambda: None}, min_sample_us=0)
+    r = _harness.Rounds({"x": lambda: None, "y": lambda: None, "z": lambda: None}, min_sample_us=0)
     r.run(1).run(2)
     assert seen == ["x", "y", "z", "z", "y", "x", "x", "y", "z"]
 
@@ -133,8 +136,8 @@ def test_same_signature_convolutions_share_one_measurement_and_one_verdict(fast,
     monkeypatch.setattr(layout, "conv_rounds", rounds)
     torch.manual_seed(0)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", plan.NoisyPlanWarning)
-        p = plan.plan_layout(Twins().eval(), torch.randn(2, 3, 10, 10))
+        warnings.simplefilter("ignore", auditor.NoisyPlanWarning)
+        p = auditor.plan_layout(Twins().eval(), torch.randn(2, 3, 10, 10))
     assert len(made[0]) == 2, "one measurement for the stem, one shared by a and b"
     c = _frame(p)
     assert c.at["a", "group"] == c.at["b", "group"] != c.at["stem", "group"]
@@ -150,8 +153,8 @@ def test_a_decision_within_noise_is_marked_and_keeps_the_uniform_default(fast, m
     # enough that the real ops after each convolution, timed by the audits, do not count)
     fake_timer(monkeypatch, lambda name: 1e5 * rng.lognormvariate(0.0, 0.5))
     torch.manual_seed(0)
-    with pytest.warns(plan.NoisyPlanWarning, match="within noise"):
-        p = plan.plan_layout(Twins().eval(), torch.randn(2, 3, 10, 10), repeats=5, max_repeats=20)
+    with pytest.warns(auditor.NoisyPlanWarning, match="within noise"):
+        p = auditor.plan_layout(Twins().eval(), torch.randn(2, 3, 10, 10), repeats=5, max_repeats=20)
     c = _frame(p)
     assert p.default == "contiguous"  # a freshly built model
     assert c.at["a", "within_noise"] and c.at["a", "repeats"] == 20
@@ -178,8 +181,8 @@ def test_a_clear_decision_is_taken_with_few_repeats(fast, monkeypatch):
     fake_timer(monkeypatch, lambda name: 2e5 if name in ("contiguous", "all contiguous") else 1e5)
     torch.manual_seed(0)
     with warnings.catch_warnings():
-        warnings.simplefilter("error", plan.NoisyPlanWarning)
-        p = plan.plan_layout(Twins().eval(), torch.randn(2, 3, 10, 10), repeats=7, max_repeats=35)
+        warnings.simplefilter("error", auditor.NoisyPlanWarning)
+        p = auditor.plan_layout(Twins().eval(), torch.randn(2, 3, 10, 10), repeats=7, max_repeats=35)
     c = _frame(p)
     for name in ("a", "b"):
         assert not c.at[name, "within_noise"] and c.at[name, "repeats"] == 7
@@ -197,33 +200,33 @@ def test_keyword_arguments_reach_the_model(fast):
     x, shift = torch.randn(2, 3, 8, 8), torch.randn(1, 8, 8, 8)
     ref = model(x, shift=shift, scale=2.0)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", plan.NoisyPlanWarning)
-        p = plan.plan_layout(model, x, kwargs={"shift": shift, "scale": 2.0}, repeats=2, max_repeats=5,
+        warnings.simplefilter("ignore", auditor.NoisyPlanWarning)
+        p = auditor.plan_layout(model, x, kwargs={"shift": shift, "scale": 2.0}, repeats=2, max_repeats=5,
                              recordings=1)
     assert set(p.formats) == {"stem", "head"} and p.kwargs["scale"] == 2.0
     torch.testing.assert_close(p.reference, ref)
-    applied = plan.apply_plan(model, p)
+    applied = auditor.apply_plan(model, p)
     assert applied.allclose
     torch.testing.assert_close(model(x, shift=shift, scale=2.0), ref, rtol=1e-4, atol=1e-5)
     with pytest.raises(TypeError, match="kwargs must be a mapping"):
-        plan.plan_layout(model, x, kwargs=[("shift", shift)])
+        auditor.plan_layout(model, x, kwargs=[("shift", shift)])
     with pytest.raises(TypeError, match="keys must be strings"):
-        plan.plan_layout(model, x, kwargs={0: shift})
+        auditor.plan_layout(model, x, kwargs={0: shift})
     with pytest.raises(ValueError, match="max_repeats"):
-        plan.plan_layout(model, x, kwargs={"shift": shift}, repeats=5, max_repeats=3)
+        auditor.plan_layout(model, x, kwargs={"shift": shift}, repeats=5, max_repeats=3)
 
 
 def test_progress_bar_is_shown_and_switched_off(fast, monkeypatch, capsys):
     fake_timer(monkeypatch, lambda name: 2e5 if name in ("contiguous", "all contiguous") else 1e5)
     model, x = Twins().eval(), torch.randn(1, 3, 6, 6)
-    plan.plan_layout(model, x, recordings=1, progress=True)
+    auditor.plan_layout(model, x, recordings=1, progress=True)
     assert "plan_layout" in capsys.readouterr().err
-    plan.plan_layout(model, x, recordings=1)  # ENABLED = False (the fixture)
+    auditor.plan_layout(model, x, recordings=1)  # ENABLED = False (the fixture)
     assert "plan_layout" not in capsys.readouterr().err
     monkeypatch.setattr(progress, "ENABLED", None)
     monkeypatch.setenv("AUDITOR_PROGRESS", "0")
-    plan.plan_layout(model, x, recordings=1)
+    auditor.plan_layout(model, x, recordings=1)
     assert "plan_layout" not in capsys.readouterr().err
     monkeypatch.setenv("AUDITOR_PROGRESS", "1")
-    plan.plan_layout(model, x, recordings=1)
+    auditor.plan_layout(model, x, recordings=1)
     assert "plan_layout" in capsys.readouterr().err

@@ -18,8 +18,8 @@ from planted import make
 
 import auditor
 from auditor import plot
-from auditor.display._text import short_source
-from auditor.display._units import QUANTITIES, format_bytes
+from auditor._display._text import short_source
+from auditor._display._units import QUANTITIES, format_bytes
 
 
 @pytest.fixture(scope="module")

@@ -101,9 +101,3 @@ def test_the_plugin_is_off_with_no_format_auditor(pytester):
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*fixture 'format_audit' not found*"])
 
-
-def test_the_old_module_path_still_gives_the_fixture():
-    from auditor.pytest_plugin import format_audit
-    from format_auditor_pytest import format_audit as fixture
-
-    assert format_audit is fixture

@@ -18,7 +18,7 @@ from planted import make
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 import auditor
-from auditor.recording._log import EVENT_COLUMNS, TENSOR_COLUMNS
+from auditor._recording._log import EVENT_COLUMNS, TENSOR_COLUMNS
 
 CL = torch.channels_last
 
@@ -188,7 +188,7 @@ def test_backward_of_a_backward_is_attributed_to_the_modules():
 def test_module_names_follow_torchs_module_tracker():
     from torch.utils.module_tracker import ModuleTracker
 
-    from auditor.recording._modules import ForwardModuleTracker
+    from auditor._recording._modules import ForwardModuleTracker
 
     shared = nn.Conv2d(3, 3, 1)
     branch = nn.Sequential(shared, nn.ReLU())
@@ -204,7 +204,7 @@ def test_module_names_follow_torchs_module_tracker():
 
 
 def test_wrapper_modules_do_not_prefix_names():
-    from auditor.recording._modules import module_names
+    from auditor._recording._modules import module_names
 
     names = module_names(
         ["Global", "DistributedDataParallel", "DistributedDataParallel.module",
@@ -560,7 +560,7 @@ def test_audit_rejects_bad_input():
 def test_results_that_keep_their_inputs_layout_are_logged_as_if_read(monkeypatch):
     """detach, alias and in-place pointwise results reuse argument 0's layout number instead
     of reading their own sizes and strides: the log must be the same as when they are read."""
-    from auditor.recording import _mode as recorder
+    from auditor._recording import _mode as recorder
 
     model, x = tv("resnet18")
     kept = auditor.audit(model, x, record_source=False, record_time=False)
@@ -604,7 +604,7 @@ def test_compiled_functions_run_inside_a_recording():
 
 
 def test_dynamo_skip_mark_reports_failure_instead_of_raising():
-    from auditor.recording import _mode as recorder
+    from auditor._recording import _mode as recorder
 
     assert recorder._SKIPPED_BY_DYNAMO  # torch 2.14: the mark is set, no per-op wrapper
     assert not recorder._skip_in_dynamo(object())  # not a code object: the wrapper would stay
@@ -613,7 +613,7 @@ def test_dynamo_skip_mark_reports_failure_instead_of_raising():
 def test_an_error_reading_an_op_is_raised_as_it_is(monkeypatch):
     """The recorder's own failure reaches the user unchanged, even while a compiled function
     runs (when the dispatch gives Dynamo's frame hook back on the way out)."""
-    from auditor.recording import _mode
+    from auditor._recording import _mode
 
     def broken(func):
         raise RuntimeError(f"cannot read {func}")

@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from auditor.fix import _rewrite as rw
-from auditor.fix._rewrite import Facts, Refused, Statement, rewrite
+from auditor._fix import _rewrite as rw
+from auditor._fix._rewrite import Facts, Refused, Statement, rewrite
 
 CL = torch.channels_last
 

@@ -242,7 +242,7 @@ def test_what_a_fix_saves_on_each_kind_of_symptom():
     import numpy as np
     import pandas as pd
 
-    from auditor.analysis import _costs as timing
+    from auditor._analysis import _costs as timing
 
     ops = _ops(
         ("aten.clone.default", "converts", True, False, 1000, 50.0),  # a copy: all of it
@@ -279,7 +279,7 @@ def test_the_cost_of_a_copy_is_fitted_to_the_audits_own_copies():
     import numpy as np
     import pandas as pd
 
-    from auditor.analysis import _costs as timing
+    from auditor._analysis import _costs as timing
 
     sizes = [1000, 2000, 4000, 8000]
     ops = _ops(*[("aten.clone.default", "preserves", False, False, 0, 5.0 + 0.002 * b) for b in sizes],
@@ -327,7 +327,7 @@ def test_time_off_the_cpu_is_not_kernel_time(monkeypatch):
 
     real = auditor.audit(model, x, backward=False)
     assert (real.events["time_us"] > 0).all()
-    from auditor.recording import _mode
+    from auditor._recording import _mode
 
     monkeypatch.setattr(_mode, "_process_time_ns", lambda: 0)
     waited = auditor.audit(model, x, backward=False)

@@ -17,8 +17,8 @@ import torch.nn as nn
 from planted import StackThenCopy, make_cause
 
 import auditor
-from auditor import fix
-from auditor.fix import _rewrite, _verify
+from auditor._display._text import saving_text
+from auditor._fix import _rewrite, _suggest, _verify
 
 CL = torch.channels_last
 #: rounds enough for the correctness columns and a decision on a planted model, cheap to run
@@ -32,13 +32,13 @@ def _state(model):
 def test_a_verified_fix_removes_its_cause_keeps_the_values_and_is_timed():
     model, x = make_cause("stack_reduce", shape=(4, 3, 16, 16))
     a = auditor.audit(model, x, warmup=1)
-    f = fix.suggest_fixes(a)
+    f = auditor.suggest_fixes(a)
     before = _state(model)
     v = f.verify(model, x, **QUICK)
-    assert list(v.columns) == fix.VERIFY_COLUMNS and list(v["kind"]) == ["fix", "all"]
+    assert list(v.columns) == _suggest.VERIFY_COLUMNS and list(v["kind"]) == ["fix", "all"]
     row = v.iloc[0]
     assert row["applied"] and row["hotspots_before"] == len(a.hotspots()) and row["hotspots_after"] == 0
-    assert row["same_outputs"] and row["max_rel_diff"] <= fix.TOLERANCE[torch.float64]
+    assert row["same_outputs"] and row["max_rel_diff"] <= _verify.TOLERANCE[torch.float64]
     assert row["rounds"] == 7 and row["step_us_before"] > 0 and row["step_us_after"] > 0
     assert row["saving_low_us"] <= row["saving_us"] <= row["saving_high_us"]
     assert row["ratio_low"] <= row["ratio"] <= row["ratio_high"]
@@ -48,8 +48,8 @@ def test_a_verified_fix_removes_its_cause_keeps_the_values_and_is_timed():
     assert all(torch.equal(before[k], v2) for k, v2 in model.state_dict().items())
     assert len(auditor.audit(model, x).hotspots()) == len(a.hotspots())
     # the report and the fixes show the measured saving beside the estimate
-    assert f.verification is v and a.verification is v
-    assert "verified: " in a.report() and "measured (verified)" in a._repr_html_()
+    assert f.verification is v and "verified: " not in a.report()  # the audit is left as it was
+    assert "verified: " in a.report(verification=v) and "measured (verified)" in a.html(verification=v)
     assert "Verified fixes" in str(f) and "verdict: " in str(f) and "Verified fixes" in f._repr_html_()
 
 
@@ -57,7 +57,7 @@ def test_a_cause_a_fix_exposes_gets_its_row_and_its_fix_is_made_with_the_others(
     torch.manual_seed(0)
     model, x = StackThenCopy().to(memory_format=CL), torch.randn(2, 3, 8, 8).to(memory_format=CL)
     a = auditor.audit(model, x)
-    f = fix.suggest_fixes(a)
+    f = auditor.suggest_fixes(a)
     assert list(a.causes()["pattern"]) == ["stack_reduce"]
     v = f.verify(model, x, **QUICK)
     exposed = v[v["kind"] == "exposed"]
@@ -77,7 +77,7 @@ def test_a_fix_that_changes_the_values_is_caught(monkeypatch):
 
     monkeypatch.setattr(_rewrite, "pool_by_sum", sum_only)
     model, x = make_cause("se_mean")
-    f = fix.suggest_fixes(auditor.audit(model, x))
+    f = auditor.suggest_fixes(auditor.audit(model, x))
     assert "sum((2, 3)" in f.frame["suggestion"].iloc[0]
     row = f.verify(model, x, **QUICK).iloc[0]
     assert row["applied"] and not row["same_outputs"] and row["verdict"] == "changes outputs"
@@ -86,7 +86,7 @@ def test_a_fix_that_changes_the_values_is_caught(monkeypatch):
 
 def test_a_fix_left_by_hand_is_reported_not_applied():
     model, x = make_cause("token_group_norm")
-    f = fix.suggest_fixes(auditor.audit(model, x))
+    f = auditor.suggest_fixes(auditor.audit(model, x))
     row = f.verify(model, x, **QUICK).iloc[0]
     assert not row["applied"] and row["verdict"] == "not applied" and "by hand" in row["reason"]
     assert math.isnan(row["step_us_before"])
@@ -104,7 +104,7 @@ def test_verdicts_follow_the_interval_of_the_paired_ratios():
     assert _verify.verdict(True, same, hurts) == "hurts"
     assert _verify.verdict(True, _verify.Comparison(False, 1.0, 1.0, "output 0"), helps) == "changes outputs"
     assert _verify.verdict(False, None, None) == "not applied"
-    text = auditor.display.saving_text({"verdict": "hurts", "ratio": 1.2, "ratio_low": 1.1, "ratio_high": 1.3,
+    text = saving_text({"verdict": "hurts", "ratio": 1.2, "ratio_low": 1.1, "ratio_high": 1.3,
                                         "rounds": 7, "saving_us": -20.0, "saving_low_us": -30.0,
                                         "saving_high_us": -10.0})
     assert text.startswith("1.20× slower") and "faster" not in text
@@ -153,7 +153,7 @@ def test_the_patch_of_a_user_file_applies_with_git_and_the_re_audit_is_clean(tmp
 
     torch.manual_seed(0)
     model, x = usernet.Net().to(memory_format=CL), torch.randn(2, 3, 8, 8).to(memory_format=CL)
-    f = fix.suggest_fixes(auditor.audit(model, x))
+    f = auditor.suggest_fixes(auditor.audit(model, x))
     assert set(f.frame["pattern"]) == {"mean_backward", "explicit_copy"} and f.frame["automatic"].all()
     v = f.verify(model, x, **QUICK)
     assert v["applied"].all() and v["same_outputs"].all() and (v["hotspots_after"] == 0).all()
@@ -188,7 +188,7 @@ def test_a_notebook_cells_fix_is_applied_and_verified(monkeypatch):
     exec(compile(code, filename, "exec"), scope)
     torch.manual_seed(0)
     model, x = scope["Net"]().to(memory_format=CL), torch.randn(2, 3, 8, 8).to(memory_format=CL)
-    f = fix.suggest_fixes(auditor.audit(model, x))
+    f = auditor.suggest_fixes(auditor.audit(model, x))
     assert set(f.frame["source"]) == {"Cell In[7], line 9", "Cell In[7], line 10"} and f.frame["automatic"].all()
     v = f.verify(model, x, **QUICK)
     assert v["applied"].all() and v["same_outputs"].all() and (v["hotspots_after"] == 0).all()
@@ -216,7 +216,7 @@ def test_every_zoo_cause_is_fixed_and_verified_or_left_by_hand_with_its_reason(z
     model, inputs = z.make()
     with z.threads_set():
         a = auditor.audit(model, *inputs, warmup=1)
-        f = fix.suggest_fixes(a)
+        f = auditor.suggest_fixes(a)
         assert set(f.frame["cause"]) == set(a.causes()["cause"])  # every cause has its row
         v = f.verify(model, *inputs, **ZOO_TIMING)
     fixes = v[v["kind"] == "fix"].set_index("fix")

@@ -13,40 +13,23 @@ DDP-specific findings, from the logs alone (nothing here depends on the backend)
   ``c10d`` collective (DDP's gradient buckets, its coalesced state broadcasts) and whether they
   change the layout;
 * :func:`check_grad_formats`: every parameter's ``.grad`` in its parameter's format;
-* :func:`rank_differences`: hotspot groups that differ between ranks.
+* :meth:`RankAudits.differences`: hotspot groups that differ between ranks.
 
-The package owns the per-rank files (``files``), the merged view (``rank_audits``), DDP's
-buckets (``buckets``) and gradient formats (``grads``). It imports the ``Audit`` facade, the
+The package owns the per-rank files (``_files``), the merged view (``_rank_audits``), DDP's
+buckets (``_buckets``) and gradient formats (``_grads``). It imports the ``Audit`` facade, the
 analysis and display; nothing imports it.
 """
 
-from .._deprecated import moved_attribute
-from ._buckets import (
-    BUCKET_COLUMNS,
-    BUCKET_HOTSPOT_COLUMNS,
-    COLLECTIVE_NAMESPACES,
-    bucket_hotspots,
-    bucket_ops,
-)
-from ._files import merge_rank_audits, rank_path, save_rank_audit
+from ._buckets import bucket_hotspots, bucket_ops
+from ._files import merge_rank_audits, save_rank_audit
 from ._grads import check_grad_formats
-from ._rank_audits import RankAudits, rank_differences
+from ._rank_audits import RankAudits
 
 __all__ = [
-    "BUCKET_COLUMNS",
-    "BUCKET_HOTSPOT_COLUMNS",
-    "COLLECTIVE_NAMESPACES",
-    "RankAudits",
-    "bucket_hotspots",
-    "bucket_ops",
-    "check_grad_formats",
-    "merge_rank_audits",
-    "rank_differences",
-    "rank_path",
     "save_rank_audit",
+    "merge_rank_audits",
+    "RankAudits",
+    "check_grad_formats",
+    "bucket_ops",
+    "bucket_hotspots",
 ]
-
-
-def __getattr__(name: str):
-    """Modules of this package that went private, under their old names (deprecated)."""
-    return moved_attribute(__name__, name)

@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from .._analysis._activations import floating_rows
+from .._recording._formats import CHANNELS_LAST, CHANNELS_LAST_3D, CONTIGUOUS, OTHER, base_format
 from .._result import Audit
-from ..analysis import floating_rows
-from ..recording._formats import CHANNELS_LAST, CHANNELS_LAST_3D, CONTIGUOUS, OTHER, base_format
 
 #: Op namespaces of collectives as they reach a dispatch mode (``c10d.allreduce_.default``, ...).
 COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional")

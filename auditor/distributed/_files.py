@@ -6,8 +6,8 @@ import glob
 import os
 import re
 
+from .._recording._mode import process_group
 from .._result import Audit
-from ..recording._mode import process_group
 from ._rank_audits import RankAudits
 
 _RANK_FILE = re.compile(r"\.rank(\d+)\.csv$")
@@ -30,7 +30,8 @@ def rank_path(out: str | os.PathLike, rank: int | None = None) -> str:
 
 
 def save_rank_audit(audit: Audit, out: str | os.PathLike = ".") -> str:
-    """Write ``audit`` to its rank's file under ``out`` (see :func:`rank_path`); return the path.
+    """Write ``audit`` to its rank's file under ``out`` (a directory: ``out/audit.rank{r}.csv``;
+    ``x.csv``: ``x.rank{r}.csv``; a pattern: ``out.format(rank=r)``); return the path.
 
     The rank is the one recorded in the audit's ``rank`` column, so a process group that was
     already destroyed does not matter. Directories are created; the write is atomic.

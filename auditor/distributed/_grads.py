@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from ..recording._formats import format_label
+from .._recording._formats import format_label
 
 
 def check_grad_formats(model: torch.nn.Module) -> pd.DataFrame:

@@ -8,9 +8,9 @@ import numpy as np
 import pandas as pd
 from pandas.api.types import union_categoricals
 
+from .._analysis._summaries import diff
+from .._display._ranks import ranks_html, ranks_text
 from .._result import Audit
-from ..analysis import diff
-from ..display import ranks_html, ranks_text
 from ._buckets import bucket_ops, group_bucket_ops
 
 
@@ -114,7 +114,8 @@ class RankAudits:
         return self._per_rank(lambda a: group_bucket_ops(self._rank_bucket_ops(a)))
 
     def differences(self, reference: int | None = None) -> pd.DataFrame:
-        """:func:`rank_differences` of these audits."""
+        """Hotspot groups that differ between each rank and ``reference`` (the lowest rank):
+        ``auditor.diff`` of the reference rank's hotspots against each other rank's."""
         return rank_differences(self, reference)
 
     def _totals(self) -> pd.DataFrame:
@@ -130,7 +131,7 @@ class RankAudits:
         return pd.DataFrame(rows, columns=["rank", "ops", "hotspot groups", "hotspot ops", "bytes", "state"])
 
     def _shown(self, own: Callable[[Audit], str]) -> dict:
-        """What its report shows (:mod:`auditor.display`); ``own`` renders the reference rank's
+        """What its report shows (:mod:`auditor._display`); ``own`` renders the reference rank's
         audit."""
         shown = {"world_size": self.world_size, "totals": self._totals()}
         if not self.per_rank:
@@ -152,14 +153,14 @@ class RankAudits:
     def _repr_html_(self, top: int = 10, depth: int = 1) -> str:
         """:meth:`report` as HTML tables, for notebooks: per-rank totals, the hotspot groups that
         differ between ranks, the bucket copies that change the layout, the reference rank."""
-        return ranks_html(**self._shown(lambda a: a._repr_html_(top=top, depth=depth)), top=top)
+        return ranks_html(**self._shown(lambda a: a.html(top=top, depth=depth)), top=top)
 
 
 def rank_differences(rank_audits: RankAudits | dict[int, Audit] | Iterable[Audit],
                      reference: int | None = None) -> pd.DataFrame:
     """Hotspot groups that differ between each rank and ``reference`` (the lowest rank).
 
-    :func:`auditor.analysis.diff` of the reference rank's hotspots against each other rank's,
+    :func:`auditor._analysis.diff` of the reference rank's hotspots against each other rank's,
     with a leading ``rank`` column: ``appeared`` on that rank, ``vanished`` from it, or
     ``changed`` in count or bytes. Empty when every rank has the same hotspots.
     """

@@ -1,0 +1,109 @@
+"""Suggested fixes (:class:`~auditor._fix.Fixes`) as text and as HTML, from their table."""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Collection
+
+import pandas as pd
+
+from ._html import header_html, table_html
+from ._text import saving_text, short_source
+from ._units import format_bytes, format_us
+
+
+def fixes_headline(frame: pd.DataFrame, hotspot_groups: int) -> str:
+    """How many fixes, for how many hotspot groups, and the bytes they save."""
+    if frame.empty:
+        return "Suggested fixes: none (no hotspots)."
+    return (f"Suggested fixes: {len(frame)} for {hotspot_groups} hotspot groups, "
+            f"{format_bytes(frame['bytes'].clip(lower=0).sum())} to save "
+            f"(forward {format_bytes(frame['forward_bytes'].sum())}, "
+            f"backward {format_bytes(frame['backward_bytes'].sum())} of hotspots)")
+
+
+def fixes_text(frame: pd.DataFrame, hotspot_groups: int, *, writes: Collection[str] = ()) -> str:
+    """The headline, then each fix: what and where, the statement as it is, what to write or do,
+    why, and, where it cannot be made automatically, why not. ``frame`` is ``Fixes.frame``;
+    ``writes``: the actions whose suggestion is code to write at the line (the others' is
+    something to do)."""
+    lines = [fixes_headline(frame, hotspot_groups)]
+    for r in frame.to_dict("records"):
+        where = short_source(r["source"]) or r["module"]
+        lines.append("")
+        lines.append(
+            f"{r['fix']}. {r['action']}: {where}  ({r['module']}, {r['module_type'] or '-'})  "
+            f"saves {format_bytes(r['bytes'])} ({r['hotspots']} hotspot group{'s' if r['hotspots'] != 1 else ''})"
+        )
+        if r["line"]:
+            lines.extend(_block("now:  ", r["line"]))
+        if r["suggestion"]:
+            lines.extend(_block("write:" if r["action"] in writes else "do:   ", r["suggestion"]))
+        lines.append(f"     why:   {r['detail']}")
+        if r.get("reason"):
+            lines.append(f"     by hand: {r['reason']}")
+    return "\n".join(lines)
+
+
+def _block(label: str, code: str) -> list[str]:
+    """A statement of one or more lines under a label, its own indentation kept relative to its
+    first line."""
+    code_lines = textwrap.dedent(code).splitlines() or [""]
+    return [f"     {label} {code_lines[0]}", *(f"     {' ' * len(label)} {line}" for line in code_lines[1:])]
+
+
+def fixes_html(frame: pd.DataFrame, hotspot_groups: int) -> str:
+    """The headline, then one table row per fix (why it is by hand, where it is)."""
+    head = header_html([fixes_headline(frame, hotspot_groups)])
+    if frame.empty:
+        return head
+    shown = frame
+    if "reason" in frame:
+        shown = frame.assign(detail=[d + (f" (by hand: {r})" if r else "") for d, r in zip(frame["detail"], frame["reason"])])
+    return head + table_html(shown, columns={
+        "fix": "fix", "action": "action", "source": "file:line", "module": "module", "module_type": "type",
+        "bytes": "saves", "hotspots": "hotspot groups", "line": "now", "suggestion": "do", "detail": "why"},
+        formats={"line": str.strip})
+
+
+def verification_text(frame: pd.DataFrame) -> str:
+    """``Fixes.verify()``'s table as text: per fix, whether it was made, its cause's hotspot
+    groups before and after, whether the outputs and gradients stayed the same, and the step's
+    time measured beside the audit's estimate."""
+    if frame.empty:
+        return "Verified fixes: none (no fixes)."
+    lines = [f"Verified fixes ({int((frame['kind'] == 'fix').sum())}, applied to copies, timed at one thread in "
+             "process CPU time):"]
+    for r in frame.to_dict("records"):
+        name = {"fix": f"fix {r['fix']}", "all": "all together", "exposed": "exposed by the fixes"}[r["kind"]]
+        where = short_source(r["source"]) if r["source"] else ""
+        lines.append(f"  {name}" + (f" [{r['pattern']}] {where}" if r["pattern"] else ""))
+        if r["kind"] == "exposed":
+            what = "made with the others" if r["applied"] else f"by hand: {r['reason']}"
+            lines.append(f"      a new cause once every fix is made ({r['hotspots_before']} hotspot groups); its fix: "
+                         f"{what}")
+            continue
+        if not r["applied"]:
+            lines.append(f"      not applied: {r['reason']}")
+            continue
+        same = "same outputs and gradients" if r["same_outputs"] else "OUTPUTS CHANGED"
+        lines.append(f"      hotspot groups {r['hotspots_before']} -> {r['hotspots_after']}; {same} (largest "
+                     f"difference {r['max_rel_diff']:.1e} of the largest value)")
+        lines.append(f"      step {format_us(r['step_us_before'])} -> {format_us(r['step_us_after'])}: "
+                     f"{saving_text(r)}; estimated {format_us(r['estimated_us'])}")
+        lines.append(f"      verdict: {r['verdict']}")
+    return "\n".join(lines)
+
+
+def verification_html(frame: pd.DataFrame) -> str:
+    """``Fixes.verify()``'s table as HTML: one row per fix, the measured saving beside the
+    estimate."""
+    if frame.empty:
+        return header_html(["Verified fixes: none (no fixes)."])
+    shown = frame.assign(measured=[saving_text(r) for r in frame.to_dict("records")])
+    return table_html(shown, columns={
+        "kind": "kind", "fix": "fix", "pattern": "pattern", "source": "file:line", "applied": "applied",
+        "hotspots_before": "hotspots before", "hotspots_after": "after", "same_outputs": "same outputs",
+        "step_us_before": "step before", "step_us_after": "after", "saving_us": "saving",
+        "estimated_us": "estimated", "measured": "measured", "verdict": "verdict", "reason": "reason"},
+        caption="Verified fixes (applied to copies, timed at one thread in process CPU time)")

@@ -1,0 +1,509 @@
+"""The fix generators: for each cause pattern, the change that removes the cause, made from the
+audit's data flow and the cause line's syntax tree, each registered here for the patterns of
+:mod:`auditor._analysis._patterns` it fixes (:func:`register_fix`, :func:`fix_generators`).
+
+A generator returns a :class:`Proposal`: what to do (edit the source, swap a module, convert a
+weight, keep a region contiguous), the text the user reads, and, where the change can be made
+automatically, what makes it: a statement rewrite (:mod:`._rewrite`), a module to swap, a
+region. Where the line does not have the shape a rewrite needs, the proposal stays "by hand"
+and says why: a wrong edit is worse than none. The rewrites need libcst, imported when a fix is
+first proposed, not with the package.
+"""
+
+from __future__ import annotations
+
+import ast
+import linecache
+import types
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from .._analysis import _patterns as patterns
+from .._analysis._activations import parse_tuple
+from .._analysis._causes import CauseTracer
+from .._analysis._flow import FlowView
+from .._display._text import short_source
+from .._recording._cells import recorded
+from ._keep_format import CONV_SWAPS, SWAPS
+from ._patch import live_functions
+
+if TYPE_CHECKING:  # the rewrites need libcst: imported when a fix is first proposed
+    from . import _rewrite as rw
+
+EDIT, SWAP, WEIGHT, REGION = "edit source", "swap module", "convert weight", "keep region contiguous"
+#: a cause no generator has a fix for
+BY_HAND = "by hand"
+
+
+#: pattern name -> the fix generators registered for it, most specific first; filled below, in
+#: this module, so whoever can ask for a generator has them all
+_GENERATORS: dict[str, list[Callable]] = {}
+
+
+def register_fix(*names: str) -> Callable[[Callable], Callable]:
+    """Decorator: register a fix generator for the patterns ``names`` (each must be registered),
+    after those registered before it. A generator takes what the fix layer knows of one cause
+    and returns a fix, or None when it does not apply, so the next one is tried."""
+    for name in names:
+        patterns.pattern(name)
+
+    def register(generator: Callable) -> Callable:
+        for name in names:
+            _GENERATORS.setdefault(name, []).append(generator)
+        return generator
+    return register
+
+
+def fix_generators(name: str) -> list[Callable]:
+    """The generators registered for pattern ``name``, in order."""
+    patterns.pattern(name)
+    return list(_GENERATORS.get(name, ()))
+
+
+@dataclass
+class Proposal:
+    """One cause's fix, as a generator proposes it."""
+
+    action: str  #: :data:`EDIT`, :data:`SWAP`, :data:`WEIGHT` or :data:`REGION`
+    detail: str  #: why, in words
+    suggestion: str = ""  #: what to write or do
+    line: str = ""  #: the statement as it is (for an edit)
+    region: tuple[str, ...] = ()  #: the convolutions a region fix runs contiguous
+    added_bytes: int = 0  #: conversions a region fix moves to its edges, per phase
+    #: what makes an edit: the statement, the rewrite and its facts (None: by hand)
+    edit: tuple[rw.Statement, Callable, rw.Facts] | None = None
+    reason: str = ""  #: why the fix cannot be made automatically ("" when it can)
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def automatic(self) -> bool:
+        return not self.reason
+
+
+def module_expr(name: str, root: str = "model") -> str:
+    """``layer1.0.conv2`` -> ``model.layer1[0].conv2``: how to write a submodule in code."""
+    if name in ("", "<root>"):
+        return root
+    out = root
+    for part in name.split("."):
+        out += f"[{part}]" if part.isdigit() else (f".{part}" if part.isidentifier() else f".get_submodule({part!r})")
+    return out
+
+
+class CauseView:
+    """What every generator reads about one cause: its row of ``Audit.causes()``, its first
+    event, the forward op it stands for, and the format of the images around it."""
+
+    def __init__(self, view: FlowView, tracer: CauseTracer, row):
+        ops = view.ops
+        self.view, self.tracer, self.row = view, tracer, row
+        self.e = int(row.first_seq)
+        self.op, self.module, self.source = row.op, row.module, row.source
+        self.module_type = row.module_type
+        self.pattern = row.pattern
+        self.rank = _rank_of(view, self.e)
+        self.cl_name = "channels_last_3d" if self.rank == 5 else "channels_last"
+        e = self.e
+        self.what = f"{self.op} ({view.kind[e]} {ops.at[e, 'from_format']} -> {ops.at[e, 'to_format']})"
+        origin = int(tracer.forward_seq[e]) if view.phase[e] == "backward" else -1
+        #: the forward op a backward cause is the backward of (the cause's own op in forward)
+        self.forward = origin if origin >= 0 else e
+        self.path, self.lineno = _where(self.source)
+        #: every event of the cause at its line (a line run in sixteen blocks is one cause)
+        cause_of = ops["cause"].to_numpy() if "cause" in ops else np.zeros(len(ops), dtype=np.int64)
+        self.members = [int(m) for m in np.flatnonzero((cause_of == row.cause) & (view.op == row.op)
+                                                        & (view.phase == view.phase[e]) & (view.source == view.source[e]))]
+        if e not in self.members:
+            self.members.insert(0, e)
+
+    def member_modules(self, forward: bool = False) -> list[str]:
+        """The modules the cause's events ran in (with ``forward``, those of the forward ops they
+        are the backward of), in order."""
+        ops, fseq = self.view.ops, self.tracer.forward_seq
+        events = [int(fseq[m]) if forward and fseq[m] >= 0 else m for m in self.members]
+        return list(dict.fromkeys(str(ops.at[x, "module"]) for x in events))
+
+    def proposal(self, action: str, detail: str, **more) -> Proposal:
+        return Proposal(action, detail, **more)
+
+    def shapes(self, e: int) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
+        """(input shapes, output shapes) of event ``e``."""
+        t = self.tracer
+        rows = t._rows(e)
+        ins = [parse_tuple(t.shape[r]) for r in rows if not t.is_out[r]]
+        outs = [parse_tuple(t.shape[r]) for r in rows if t.is_out[r]]
+        return ins, outs
+
+
+def _where(source: str) -> tuple[str | None, int]:
+    """(file, line) of a recorded ``path:line`` (a notebook cell's name resolved to the file
+    IPython compiled it under); (None, 0) without one."""
+    if not source:
+        return None, 0
+    path, _, line = recorded(source).rpartition(":")
+    return (path, int(line)) if path and line.isdigit() else (None, 0)
+
+
+def propose(view: FlowView, tracer: CauseTracer, row) -> Proposal | None:
+    """The fix for one cause: the first of its pattern's registered generators that has one, or
+    None when no fix is known to help."""
+    cause = CauseView(view, tracer, row)
+    for generate in fix_generators(row.pattern):
+        found = generate(cause)
+        if found is not None:
+            return found
+    return None
+
+
+# -- the statement, and what a rewrite needs to know about where it runs --------------------------
+
+
+def _functions(path: str, line: int) -> list[types.FunctionType]:
+    return live_functions(path, [line])
+
+
+def _facts(c: CauseView, fns: list[types.FunctionType], dims: tuple[int, ...] = ()) -> rw.Facts:
+    """The facts a rewrite of ``c``'s line needs: the format, the name torch goes by where the
+    line runs, the names in use there."""
+    from . import _rewrite as rw
+
+    torch_name, taken = None, set()
+    for fn in fns:
+        code = fn.__code__
+        # its locals and the module's globals (a new local of a global's name would hide it)
+        taken |= set(code.co_varnames) | set(code.co_cellvars) | set(code.co_freevars)
+        taken |= {k for k in fn.__globals__ if not k.startswith("__")}
+        if torch_name is None:
+            torch_name = next((k for k, v in fn.__globals__.items() if v is torch), None)
+    return rw.Facts(cl=c.cl_name, rank=c.rank, torch=torch_name, dims=dims, taken=frozenset(taken))
+
+
+def _statement_edit(c: CauseView, rewrite: str, dims: tuple[int, ...] = (), span: int = 1,
+                    **shown) -> Proposal:
+    """An edit of ``c``'s statement by the rewrite named ``rewrite`` (a function of
+    :mod:`._rewrite`): tried now, on the statement as it is, so
+    that a statement without the shape the rewrite needs is reported by hand, with the reason.
+    With ``span`` above 1 the rewrite may also need up to that many statements from the line
+    on (a value made on the line and used on the next), tried from the shortest."""
+    from libcst import ParserSyntaxError
+
+    from . import _rewrite as rw
+
+    rewrite = getattr(rw, rewrite)
+    detail = shown.pop("detail", c.row.fix)
+    if c.path is None:
+        return c.proposal(EDIT, f"{detail} (audit with record_source=True for the line)",
+                          reason="the audit has no source line (audit with record_source=True)", **shown)
+    line = linecache.getline(c.path, c.lineno).rstrip("\n")
+    reason = ""
+    for count in range(1, span + 1):
+        try:
+            statement = rw.statements_from(c.path, c.lineno, count)
+            fns = _functions(c.path, c.lineno)
+            if not fns:
+                raise rw.Refused("no function of the running program holds this line (run at the top level of a script)")
+            facts = _facts(c, fns, dims)
+            new = rw.rewrite(statement, [(rewrite, facts)])
+        except rw.Refused as exc:
+            reason = reason or str(exc)
+            continue
+        except ParserSyntaxError as exc:
+            reason = reason or f"the statement does not parse ({exc.message})"
+            continue
+        return c.proposal(EDIT, detail, line=statement.text.rstrip("\n"), suggestion=new.rstrip("\n"),
+                          edit=(statement, rewrite, facts), **shown)
+    return c.proposal(EDIT, detail, line=line, reason=reason, **shown)
+
+
+# -- the generators --------------------------------------------------------------------------------
+
+
+@register_fix(patterns.EXPLICIT_COPY.name)
+def _explicit_copy_fix(c: CauseView) -> Proposal:
+    frm = str(c.view.ops.at[c.e, "from_format"])
+    detail = (f"{c.what} copies the activation into contiguous order between two convolutions; keep it "
+              f"{c.cl_name}" + (f" (or remove the call: its input is already dense {c.cl_name})" if frm == c.cl_name
+                                else ""))
+    return _statement_edit(c, "keep_format_in_copy", detail=detail)
+
+
+def _torch_module_type(name: str, table) -> type | None:
+    """The torch module type of ``table`` named ``name`` (a recorded ``module_type``)."""
+    return next((t for t in table if t.__name__ == name and t.__module__.startswith("torch.nn")), None)
+
+
+def _swap(c: CauseView, modules: list[str], typ: type, table, why: str) -> Proposal:
+    factory = table[typ][1]
+    lines = [f"{module_expr(m)} = {factory}({module_expr(m)})" for m in modules]
+    more = f"  # and {len(lines) - 1} more like it" if len(lines) > 1 else ""
+    return c.proposal(SWAP, why, suggestion=lines[0] + more, extra={"modules": modules, "table": table})
+
+
+@register_fix(patterns.MEAN_BACKWARD.name)
+def _mean_fix(c: CauseView) -> Proposal:
+    """A mean over H and W: in a torch pooling module (``nn.AdaptiveAvgPool2d(1)``), swap the
+    module; written on the line, rewrite it as a sum divided by H·W."""
+    typ = _torch_module_type(str(c.view.ops.at[c.forward, "module_type"]), SWAPS)
+    if typ is not None:
+        modules = c.member_modules(forward=True)
+        return _swap(c, modules, typ, SWAPS,
+                     f"{c.row.fix} (it runs inside {modules[0]}, a {typ.__name__}); the replacement computes the same "
+                     "values and its backward keeps the format")
+    return _statement_edit(c, "pool_by_sum", detail=f"{c.row.fix.split(':')[0]}: a sum divided by H·W computes the "
+                                                     "mean's values, and its backward broadcasts a view")
+
+
+@register_fix(patterns.STACK_REDUCE.name)
+def _stack_fix(c: CauseView) -> Proposal:
+    ins, outs = c.shapes(c.forward)
+    dims = ()
+    if ins and outs and len(ins[0]) == len(outs[0]) + 1:
+        a, b = ins[0], outs[0]
+        dims = tuple(d for d in range(len(a)) if a[:d] + a[d + 1:] == b)  # more than one where sizes repeat
+    return _statement_edit(c, "add_the_branches", dims=dims)
+
+
+@register_fix(patterns.NC11_BROADCAST.name)
+def _broadcast_fix(c: CauseView) -> Proposal:
+    return _statement_edit(c, "broadcast_the_map")
+
+
+@register_fix(patterns.CHANNEL_SLICE.name)
+def _slice_fix(c: CauseView) -> Proposal:
+    if c.tracer.op[c.forward].startswith(_SPLITS):
+        return c.proposal(EDIT, c.row.fix, line=linecache.getline(c.path, c.lineno).rstrip("\n") if c.path else "",
+                          reason="the channels are split already: the contiguous zeros come from PyTorch's own backward "
+                                 "of a split or chunk, for the part that is not used, and no rewrite of the line keeps "
+                                 "the format")
+    return _statement_edit(c, "split_the_channels")
+
+
+#: ops whose backward writes zeros for the parts that are not used (PyTorch's own)
+_SPLITS = ("aten.split", "aten.chunk", "aten.unbind", "aten.split_with_sizes", "aten.tensor_split")
+
+
+@register_fix(patterns.INPLACE_VIEW.name)
+def _inplace_fix(c: CauseView) -> Proposal:
+    reason = _base_read_after(c)
+    found = _statement_edit(c, "out_of_place")
+    if reason and found.automatic:
+        found.reason, found.edit = reason, None
+    return found
+
+
+def _base_read_after(c: CauseView) -> str:
+    """Why writing ``c``'s in-place op out of place would change the program (its view's base,
+    through another alias, is read after it), or ""."""
+    t, e = c.tracer, c.forward
+    ins = [r for r in t._rows(e) if not t.is_out[r]]
+    if not ins:
+        return ""
+    tid = c.view.tensors["tid"].to_numpy()
+    written = int(tid[ins[0]])
+    root = c.view.graph.root
+    base = int(root[written]) if written < len(root) else written
+    seq = t.seq
+    later = np.flatnonzero((seq > e) & ~t.is_out)
+    for r in later:
+        other = int(tid[r])
+        if other != written and other < len(root) and int(root[other]) == base and not _descends(c, other, written):
+            return (f"the tensor written in place is a view whose base is read afterwards ({t.op[int(seq[r])]}): "
+                    "writing it out of place would change what that reads")
+    return ""
+
+
+def _descends(c: CauseView, tid: int, ancestor: int) -> bool:
+    """Whether tensor ``tid`` is ``ancestor`` or a view made from it (after the write)."""
+    t = c.view.tensors
+    seqs, roles, tids, views = t["seq"].to_numpy(), t["role"].to_numpy(), t["tid"].to_numpy(), t["is_view"].to_numpy()
+    frontier, seen = {ancestor}, {ancestor}
+    while frontier:
+        made = set()
+        for e in np.unique(seqs[np.isin(tids, list(frontier)) & (roles == "input")]):
+            outs = (seqs == e) & (roles == "output") & views
+            made |= set(tids[outs].tolist())
+        frontier = made - seen
+        seen |= made
+        if tid in seen:
+            return True
+    return tid in seen
+
+
+@register_fix(patterns.WEIGHT_REBUILT.name)
+def _weight_rebuilt_fix(c: CauseView) -> Proposal:
+    return _statement_edit(c, "flatten_in_memory_order", span=3)
+
+
+@register_fix(patterns.CHANNEL_SHUFFLE.name)
+def _channel_shuffle_fix(c: CauseView) -> Proposal:
+    """A channel shuffle written view -> transpose -> .contiguous() -> view: when it is a function
+    of its own with (x, groups), its body becomes torch's format-keeping channel_shuffle."""
+    from . import _rewrite as rw
+
+    detail = (f"this is a channel shuffle written as view -> transpose -> .contiguous() -> view, which writes "
+              f"contiguous order ({c.what}); torch.nn.functional.channel_shuffle (nn.ChannelShuffle) computes the "
+              f"same values and keeps {c.cl_name}")
+    if c.path is None:
+        return c.proposal(EDIT, detail, reason="the audit has no source line (audit with record_source=True)")
+    line = linecache.getline(c.path, c.lineno).rstrip("\n")
+    try:
+        statement, params = _function_body(c.path, c.lineno)
+        fns = _functions(c.path, c.lineno)
+        facts = _facts(c, fns)
+        if facts.torch is None:
+            raise rw.Refused("torch is not imported where this function runs")
+        new = rw.rewrite(statement, [(rw.shuffle_by_torch(params), facts)])
+    except rw.Refused as exc:
+        return c.proposal(EDIT, detail, line=line, reason=str(exc),
+                          suggestion="x = torch.nn.functional.channel_shuffle(x, groups)")
+    return c.proposal(EDIT, detail, line=statement.text.rstrip("\n"), suggestion=new.rstrip("\n"),
+                      edit=(statement, rw.shuffle_by_torch(params), facts))
+
+
+def _function_body(path: str, line: int) -> tuple[rw.Statement, tuple[str, str]]:
+    """(the body of the function that holds ``line``, less its docstring; its two positional
+    parameters), for a function that takes exactly those two."""
+    from . import _rewrite as rw
+
+    lines = linecache.getlines(path)
+    try:
+        tree = ast.parse("".join(lines))
+    except SyntaxError as exc:
+        raise rw.Refused(f"{path} does not parse") from exc
+    found = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+             and n.lineno <= line <= (n.end_lineno or n.lineno)]
+    if not found:
+        raise rw.Refused("the channel shuffle is not a function of its own: replace it by "
+                         "torch.nn.functional.channel_shuffle(x, groups) by hand")
+    fn = max(found, key=lambda n: n.lineno)
+    args = fn.args
+    positional = [a.arg for a in (*args.posonlyargs, *args.args)]
+    if len(positional) != 2 or args.vararg or args.kwarg or args.kwonlyargs:
+        raise rw.Refused(f"{fn.name} takes other parameters than (x, groups): replace its shuffle by hand")
+    body = fn.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+            and isinstance(body[0].value.value, str):
+        body = body[1:]
+    first, last = body[0].lineno, max(n.end_lineno for n in body)
+    return rw.Statement(path, first, last, "".join(lines[first - 1:last])), (positional[0], positional[1])
+
+
+@register_fix(patterns.NO_CL_KERNEL.name)
+def _module_swap_fix(c: CauseView) -> Proposal | None:
+    typ = _torch_module_type(c.module_type, SWAPS)
+    if typ is None:
+        return None
+    return _swap(c, c.member_modules(), typ, SWAPS,
+                 f"{c.row.fix} ({c.what}); the replacement computes the same values in the same format")
+
+
+@register_fix(patterns.CONV_NO_KERNEL.name)
+def _conv_swap_fix(c: CauseView) -> Proposal | None:
+    """A convolution without a channels_last kernel for its shape whose sums another convolution
+    that has one computes: a Conv3d whose kernel spans time only, (k, 1, 1), as a Conv2d over
+    (T, H·W)."""
+    typ = _torch_module_type(c.module_type, CONV_SWAPS)
+    w = c.tracer._weight_row(c.e)
+    kernel = parse_tuple(c.tracer.shape[w])[2:] if w >= 0 else ()
+    if typ is None or len(kernel) != 3 or kernel[1:] != (1, 1):
+        return None
+    return _swap(c, c.member_modules(), typ, CONV_SWAPS,
+                 f"{c.row.fix.split(':')[0]}: its kernel {kernel} spans time only, so a Conv2d over (T, H·W) computes "
+                 f"the same sums, and has a {c.cl_name.replace('_3d', '')} kernel")
+
+
+@register_fix(patterns.WEIGHT_FORMAT.name)
+def _conv_weight_fix(c: CauseView) -> Proposal:
+    modules = c.member_modules()
+    more = f"  # and {len(modules) - 1} more like it" if len(modules) > 1 else ""
+    return c.proposal(WEIGHT, f"{c.module} stores its weight in another format than it computes in and permutes it "
+                              f"every step ({c.what}); store it {c.cl_name}",
+                      suggestion=f"auditor.convert_conv{c.rank - 2}d_weight_memory_format({module_expr(c.module)}, "
+                                 f"torch.{c.cl_name}){more}", extra={"modules": modules})
+
+
+@register_fix(patterns.JOINS.name)
+def _joins_fix(c: CauseView) -> Proposal:
+    where = short_source(c.source) if c.source else c.module
+    return c.proposal(EDIT, c.row.fix,
+                      suggestion=f"y = f(x4d)  # compute on the {c.cl_name} image or a 4-D view of it, not on a "
+                                 "reshaped or 3-D copy",
+                      line=linecache.getline(c.path, c.lineno).rstrip("\n") if c.path else "",
+                      reason=f"the tensor made at {where} is not an image of the convolutions (a token or row "
+                             "tensor): where to make it channels_last depends on what the code computes")
+
+
+@register_fix(patterns.NO_CL_KERNEL.name, patterns.RESHAPE_MERGE.name, patterns.CONV_NO_KERNEL.name,
+              patterns.LOSES.name)
+def _region_fix(c: CauseView) -> Proposal | None:
+    region, added = _region_around(c.view, c.members)
+    if not region:
+        return None
+    names = ", ".join(repr(n) for n in region)
+    why = ("a reshape that merges C with another dimension must copy a channels_last tensor"
+           if c.pattern == patterns.RESHAPE_MERGE.name else c.row.fix)
+    return c.proposal(REGION, f"{why}: {c.what}; run the convolutions around it contiguous so no copy is needed "
+                              "(or let auditor.plan_layout measure whether that pays)",
+                      suggestion=f"auditor.keep_contiguous(model, [{names}])", region=region, added_bytes=added)
+
+
+# -- the data flow around a cause ------------------------------------------------------------------
+
+
+def _rank_of(view: FlowView, e: int) -> int:
+    """The rank of the convolutions' activations around ``e`` (4 or 5): a channel shuffle
+    copies a 5-D view of 4-D activations, so ``e``'s own tensors can mislead."""
+    nd = view.tensors["ndim"].to_numpy()
+    near = sorted(view.upstream_convs(e) | view.downstream_convs(e)) if not view.is_conv[e] else [e]
+    for x in near + [e]:
+        for r in view.act_rows.get(x, []):
+            if nd[r] in (4, 5):
+                return int(nd[r])
+    return 4
+
+
+def _region_around(view: FlowView, events: list[int]) -> tuple[tuple[str, ...], int]:
+    """The convolutions on both sides of a cause's ``events`` (found in forward), and the bytes
+    the region's edges would then convert, per phase."""
+    convs: set[int] = set()
+    for c in events:
+        e = c
+        if view.phase[c] != "forward":
+            same = np.flatnonzero((view.phase == "forward") & (view.module == view.module[c])
+                                  & (view.source == view.source[c]))
+            if not len(same):
+                continue
+            e = int(same[0])
+        convs |= view.upstream_convs(e) | view.downstream_convs(e)
+        if view.is_conv[e]:
+            convs |= {e}
+    # the modules that ran the convolution ops; Fixes.apply keeps those that are convolution
+    # modules (a subclass of nn.Conv2d by any name, not a module calling F.conv2d)
+    names = sorted({view.module[x] for x in convs}, key=lambda n: min(x for x in convs if view.module[x] == n))
+    if not names:
+        return (), 0
+    inside = set(names)
+    nbytes = view.tensors["bytes"].to_numpy()
+    added = 0
+    for x in np.flatnonzero((view.phase == "forward") & view.is_conv):
+        x = int(x)
+        if view.module[x] not in inside:
+            continue
+        # its input comes from a convolution outside the region: converted at the edge
+        if any(view.module[u] not in inside for u in view.upstream_convs(x)):
+            added += int(nbytes[view.act_rows[x][0]])
+        # its output feeds one outside: converted back at the edge
+        if any(view.module[d] not in inside for d in view.downstream_convs(x)):
+            added += _output_bytes(view, x)
+    return tuple(names), added
+
+
+def _output_bytes(view: FlowView, e: int) -> int:
+    t = view.tensors
+    sel = t[(t["seq"] == e) & (t["role"] == "output") & (t["position"] == 0)]
+    return int(sel["bytes"].iloc[0]) if len(sel) else 0
+

@@ -1,0 +1,197 @@
+"""Modules that keep the format where torch's own lose it on CPU, and how to swap them in.
+
+Each computes the same values as the module it replaces: ``SoftmaxKeepFormat`` for
+``Softmax``/``LogSoftmax``, ``LayerNormKeepFormat`` for a ``LayerNorm`` over (C, H, W), a
+``GroupNorm`` with one group per channel for ``InstanceNorm``, and ``GlobalAvgPool`` for an
+``AdaptiveAvgPool2d(1)``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .._recording._formats import channels_last_order, logical_order
+from ._convert import CHANNELS_LAST_OF_RANK
+
+
+def softmax_keep_format(x: torch.Tensor, dim: int, log: bool = False) -> torch.Tensor:
+    """``softmax(x, dim)`` that returns channels_last for a channels_last ``x``.
+
+    CPU softmax has no channels_last kernel: it copies to contiguous in forward and backward.
+    On the NHWC view (contiguous) it computes directly and the inverse permutation is
+    channels_last again. Same values as ``torch.softmax``.
+    """
+    fn = torch.log_softmax if log else torch.softmax
+    rank = x.dim()
+    if rank in CHANNELS_LAST_OF_RANK and x.is_contiguous(memory_format=CHANNELS_LAST_OF_RANK[rank]) and not x.is_contiguous():
+        order = channels_last_order(rank)
+        return fn(x.permute(order), order.index(dim % rank)).permute(logical_order(rank))
+    return fn(x, dim)
+
+
+class SoftmaxKeepFormat(nn.Module):
+    """Drop-in for ``nn.Softmax`` / ``nn.LogSoftmax`` that keeps channels_last (no state)."""
+
+    def __init__(self, dim: int, log: bool = False):
+        super().__init__()
+        self.dim = dim
+        self.log = log
+
+    @classmethod
+    def from_module(cls, module: nn.Module) -> SoftmaxKeepFormat:
+        if module.dim is None:
+            raise ValueError(f"{type(module).__name__} without dim has no format-keeping version")
+        return cls(module.dim, log=isinstance(module, nn.LogSoftmax))
+
+    def forward(self, x):
+        return softmax_keep_format(x, self.dim, self.log)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}" + (", log=True" if self.log else "")
+
+
+class LayerNormKeepFormat(nn.Module):
+    """Drop-in for an ``nn.LayerNorm`` over (C, H, W) of a 4-D input (or (C, D, H, W)).
+
+    ``LayerNorm`` over the channels copies channels_last to contiguous on CPU;
+    ``group_norm`` with one group normalises over the same elements and keeps the format. The
+    elementwise affine follows as a broadcast multiply-add. Keeps the original ``weight`` and
+    ``bias`` Parameters.
+    """
+
+    def __init__(self, layer_norm: nn.LayerNorm):
+        super().__init__()
+        self.normalized_shape = tuple(layer_norm.normalized_shape)
+        self.eps = layer_norm.eps
+        self.weight = layer_norm.weight
+        self.bias = layer_norm.bias
+
+    @classmethod
+    def from_module(cls, module: nn.LayerNorm) -> LayerNormKeepFormat:
+        if len(module.normalized_shape) not in (3, 4):
+            raise ValueError("only a LayerNorm over (C, H, W) or (C, D, H, W) has a format-keeping version")
+        return cls(module)
+
+    def forward(self, x):
+        if x.dim() != len(self.normalized_shape) + 1:
+            return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+        y = F.group_norm(x, 1, eps=self.eps)
+        if self.weight is not None:
+            y = y * self.weight
+        if self.bias is not None:
+            y = y + self.bias
+        return y
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, eps={self.eps}"
+
+
+class GlobalAvgPool(nn.Module):
+    """Drop-in for ``nn.AdaptiveAvgPool2d(1)`` (and ``AdaptiveAvgPool3d(1)``): the mean over the
+    spatial dimensions as their sum divided by their size, which is how torch computes that mean
+    on CPU (the same values), but whose backward broadcasts the gradient as a view; the mean's
+    backward writes it contiguous."""
+
+    def __init__(self, dims: int = 2):
+        super().__init__()
+        self.dims = dims
+
+    @classmethod
+    def from_module(cls, module: nn.Module) -> GlobalAvgPool:
+        size = module.output_size
+        sizes = size if isinstance(size, (tuple, list)) else (size,)
+        if any(s != 1 for s in sizes):
+            raise ValueError(f"{type(module).__name__}({size}) pools to more than one value per channel: it has no "
+                             "sum-and-divide version")
+        return cls(3 if isinstance(module, nn.AdaptiveAvgPool3d) else 2)
+
+    def forward(self, x):
+        spatial = tuple(range(-self.dims, 0))
+        n = 1
+        for d in spatial:
+            n *= x.shape[d]
+        return x.sum(spatial, keepdim=True) / n
+
+    def extra_repr(self) -> str:
+        return f"dims={self.dims}"
+
+
+class TemporalConv(nn.Module):
+    """Drop-in for a ``Conv3d`` whose kernel, stride and padding span time only, (k, 1, 1): the
+    same sums computed as a ``Conv2d`` over (T, H·W), on a view of its channels_last_3d input.
+    Where a Conv3d has no channels_last_3d kernel for such a shape (a small batch on CPU runs
+    ``slow_conv3d``, which writes contiguous), the Conv2d has a channels_last one. Keeps the
+    Conv3d's ``weight`` and ``bias`` Parameters."""
+
+    def __init__(self, conv: nn.Conv3d):
+        super().__init__()
+        self.conv = conv
+
+    @classmethod
+    def from_module(cls, module: nn.Module) -> TemporalConv:
+        if not isinstance(module, nn.Conv3d) or type(module).forward is not nn.Conv3d.forward:
+            raise ValueError(f"{type(module).__name__} is no plain Conv3d")
+        flat = (module.kernel_size[1:] == (1, 1) and module.stride[1:] == (1, 1) and module.padding[1:] == (0, 0)
+                and module.dilation[1:] == (1, 1) and module.padding_mode == "zeros" and isinstance(module.padding, tuple))
+        if not flat:
+            raise ValueError(f"Conv3d(kernel {module.kernel_size}, stride {module.stride}, padding {module.padding}) "
+                             "spans more than time: it is no Conv2d over (T, H·W)")
+        return cls(module)
+
+    def forward(self, x):
+        c = self.conv
+        h, w = x.shape[-2:]
+        y = F.conv2d(x.flatten(3), c.weight.flatten(3), c.bias, (c.stride[0], 1), (c.padding[0], 0),
+                     (c.dilation[0], 1), c.groups)
+        return y.unflatten(3, (h, w))
+
+
+def swap_instance_norm(module: nn.modules.instancenorm._InstanceNorm) -> nn.GroupNorm:
+    """A GroupNorm with one group per channel: InstanceNorm's values, channels_last kept."""
+    if module.track_running_stats:
+        raise ValueError("InstanceNorm with running stats has no GroupNorm equivalent in eval mode")
+    gn = nn.GroupNorm(module.num_features, module.num_features, eps=module.eps, affine=module.affine)
+    if module.affine:
+        gn.weight, gn.bias = module.weight, module.bias  # the same Parameters
+    return gn
+
+
+#: module type -> (factory of a format-keeping replacement, its name in a suggestion)
+SWAPS = {
+    nn.Softmax: (SoftmaxKeepFormat.from_module, "auditor.SoftmaxKeepFormat.from_module"),
+    nn.LogSoftmax: (SoftmaxKeepFormat.from_module, "auditor.SoftmaxKeepFormat.from_module"),
+    nn.LayerNorm: (LayerNormKeepFormat.from_module, "auditor.LayerNormKeepFormat.from_module"),
+    nn.InstanceNorm2d: (swap_instance_norm, "auditor.swap_instance_norm"),
+    nn.InstanceNorm3d: (swap_instance_norm, "auditor.swap_instance_norm"),
+    nn.AdaptiveAvgPool2d: (GlobalAvgPool.from_module, "auditor.GlobalAvgPool.from_module"),
+    nn.AdaptiveAvgPool3d: (GlobalAvgPool.from_module, "auditor.GlobalAvgPool.from_module"),
+}
+
+
+#: convolution type -> (a replacement with a channels_last kernel where it has none, its name)
+CONV_SWAPS = {nn.Conv3d: (TemporalConv.from_module, "auditor.TemporalConv.from_module")}
+
+
+def swap_module(model: nn.Module, name: str, table: dict | None = None) -> nn.Module:
+    """Replace the submodule ``name`` by its format-keeping version (see :data:`SWAPS`, or
+    ``table``); returns the new module. Parameters are shared, not copied.
+
+    A subclass of a type in :data:`SWAPS` is swapped only if it computes what that type does
+    (it keeps its ``forward``); one with a ``forward`` of its own is refused."""
+    try:
+        old = model.get_submodule(name)
+    except AttributeError:
+        raise ValueError(f"the model has no module named {name!r}") from None
+    table = SWAPS if table is None else table
+    base = next((t for t in type(old).__mro__ if t in table), None)
+    if base is None:
+        raise ValueError(f"no format-keeping replacement for {type(old).__name__} ({name!r})")
+    if type(old).forward is not base.forward:
+        raise ValueError(f"{type(old).__name__} ({name!r}) has a forward of its own, not {base.__name__}'s: "
+                         "its format-keeping replacement could compute other values")
+    new = table[base][0](old)
+    parent, _, attr = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, attr, new)
+    return new

@@ -1,0 +1,581 @@
+"""Suggested fixes: one concrete change per cause, made automatically where it can be, proved by
+verification, and handed over as a patch.
+
+Each row of ``Audit.causes()`` gets the fix its pattern's generator proposes
+(:mod:`._generators`): a statement of the source to rewrite, a torch module to swap, a weight to
+convert or a region to run contiguous. Only fixes that save bytes are suggested.
+:meth:`Fixes.apply` makes them (source edits in memory, :mod:`._patch`), :meth:`Fixes.undo`
+takes them back, :meth:`Fixes.verify` proves them (:mod:`._verify`) and :meth:`Fixes.patch`
+writes the source edits as a diff.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Callable, Iterable, Iterator, Mapping
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn as nn
+
+from .._analysis._causes import WEIGHT as WEIGHT_CAUSE
+from .._display._fixes import fixes_html, fixes_text, verification_html, verification_text
+from .._display._units import format_bytes
+from .._recording._files import atomic_write
+from .._result import Audit
+from .._session import record_step
+from .._step import Step
+from . import _verify as verification
+from ._convert import CHANNELS_LAST_OF_RANK, FORMAT_NAMES
+from ._generators import BY_HAND, EDIT, REGION, SWAP, WEIGHT, Proposal, propose
+from ._hooks import (
+    conv_module,
+    is_conv_module,
+    keep_contiguous,
+    remove_input_formats,
+    set_conv_format,
+)
+from ._keep_format import swap_module
+from ._patch import CodePatch, EditError, SourceEdit, one_scan, patch_functions, unified_diff
+
+__all__ = ["BY_HAND", "EDIT", "FIX_COLUMNS", "REGION", "SWAP", "VERIFY_COLUMNS", "WEIGHT", "Fixes", "suggest_fixes"]
+
+FIX_COLUMNS = [
+    "fix", "cause", "pattern", "action", "module", "module_type", "op", "source", "line", "suggestion", "detail",
+    "hotspots", "count", "bytes", "hotspot_bytes", "added_bytes", "forward_bytes", "backward_bytes",
+    "region", "automatic", "reason",
+]
+#: The columns of :meth:`Fixes.verify`.
+VERIFY_COLUMNS = [
+    "kind", "fix", "cause", "pattern", "source", "applied", "reason", "hotspots_before", "hotspots_after",
+    "same_outputs", "max_abs_diff", "max_rel_diff", "step_us_before", "step_us_after", "saving_us",
+    "saving_low_us", "saving_high_us", "ratio", "ratio_low", "ratio_high", "rounds", "estimated_us", "verdict",
+]
+#: where a cause is: a fixed cause whose line, op and phase an audit still has is still there
+_CAUSE_AT = ["phase", "op", "source"]
+
+
+class Fixes:
+    """The result of :func:`suggest_fixes`.
+
+    Attributes:
+        frame: one row per fix (columns in :data:`FIX_COLUMNS`), most bytes saved first.
+            ``bytes`` is the net saving: ``hotspot_bytes`` (the hotspots it removes, forward and
+            backward) less ``added_bytes`` (conversions a region fix moves to its edges).
+            ``automatic``: :meth:`apply` can make it; ``reason``: why not, where it cannot.
+        audit: the audit the fixes were suggested for; :meth:`hotspots` its hotspot groups, each
+            with the fix that removes it.
+        verification: the last :meth:`verify`'s table, or None.
+    """
+
+    def __init__(self, frame: pd.DataFrame, hotspots: pd.DataFrame, audit: Audit | None = None,
+                 proposals: Mapping[int, Proposal] | None = None):
+        self.frame = frame
+        self._hotspots = hotspots
+        self.audit = audit
+        self.verification: pd.DataFrame | None = None
+        self._proposals = dict(proposals or {})
+        self._code: CodePatch | None = None  # the source edits apply() made, active or undone
+        self._model_undo: list[Callable[[], None]] = []  # how to take back what apply() did to a model
+
+    def __len__(self) -> int:
+        return len(self.frame)
+
+    def hotspots(self) -> pd.DataFrame:
+        """``Audit.hotspots()`` with a ``fix`` column naming the fix that removes each group."""
+        return self._hotspots.copy()
+
+    # -- applying ---------------------------------------------------------------------------------
+    def apply(self, model: nn.Module, fixes: Iterable[int] | None = None) -> pd.DataFrame:
+        """Make the fixes (all, or the numbers in ``fixes``): source edits in memory, for the
+        whole process (each edited function is compiled again from its edited lines, under its
+        file name and line numbers, and swapped in wherever it is held), module swaps, weight
+        conversions and regions kept contiguous in ``model``, in place. :meth:`undo` takes all of
+        it back; :meth:`restored` puts the original source back for a block. Applying again
+        replaces the source edits made before. Returns one row per fix: ``fix``, ``action``,
+        ``applied`` and what was done, or why not.
+
+        Raises ``TypeError`` for a model it cannot change in place (TorchScript), before
+        changing anything."""
+        _check_changeable(model)
+        numbers = self._numbers(fixes)
+        if self._code is not None:
+            self._code.undo()
+        self._code, done = self._edit_source(numbers)
+        undo, done_model = _change_model(model, self.frame, self._proposals, numbers)
+        self._model_undo.extend(undo)
+        done.update(done_model)
+        rows = [{"fix": n, "action": self._row(n).action, "applied": done[n][0], "detail": done[n][1]} for n in numbers]
+        return pd.DataFrame(rows, columns=["fix", "action", "applied", "detail"])
+
+    def undo(self) -> None:
+        """Take back everything :meth:`apply` did: the source edits, and the module swaps, weight
+        conversions and regions in the models it changed."""
+        if self._code is not None:
+            self._code.undo()
+            self._code = None
+        while self._model_undo:
+            self._model_undo.pop()()
+
+    @contextlib.contextmanager
+    def restored(self) -> Iterator[None]:
+        """The original source, for the block (the edits :meth:`apply` made, undone, then made
+        again): to run or time the unfixed model beside the fixed one."""
+        code = self._code
+        if code is not None and code.active:
+            code.undo()
+        try:
+            yield
+        finally:
+            if code is not None and code is self._code:
+                code.redo()
+
+    def _numbers(self, fixes: Iterable[int] | None) -> list[int]:
+        known = [int(n) for n in self.frame["fix"]]
+        if fixes is None:
+            return known
+        wanted = [int(n) for n in fixes]
+        unknown = sorted(set(wanted) - set(known))
+        if unknown:
+            raise ValueError(f"no fix numbered {unknown[0]}; the fixes are {known}")
+        return [n for n in known if n in wanted]
+
+    def _row(self, n: int):
+        return self.frame.loc[self.frame["fix"] == n].iloc[0]
+
+    def source_edits(self, fixes: Iterable[int] | None = None) -> list[SourceEdit]:
+        """The source edits of the automatic edit fixes among ``fixes`` (all by default), the
+        rewrites of one statement combined into one edit."""
+        return [edit for edit, _ in self._planned_edits(self._numbers(fixes))[0]]
+
+    def _planned_edits(self, numbers: list[int]) -> tuple[list[tuple[SourceEdit, list[int]]], dict[int, str]]:
+        """([(the edit of one statement, the fixes it makes)], per edit fix that cannot be made:
+        why)."""
+        from . import _rewrite as rw  # libcst: only once a fix edits source
+
+        statements: dict[tuple, list[tuple[int, Proposal]]] = {}
+        failed: dict[int, str] = {}
+        for n in numbers:
+            p = self._proposals.get(n)
+            if p is None or p.action != EDIT:
+                continue
+            if p.edit is None:
+                failed[n] = f"by hand: {p.reason}"
+                continue
+            st = p.edit[0]
+            statements.setdefault((st.path, st.first, st.last), []).append((n, p))
+        edits = []
+        for group in statements.values():
+            st = group[0][1].edit[0]
+            try:
+                new = rw.rewrite(st, [(p.edit[1], p.edit[2]) for _, p in group])
+            except rw.Refused as exc:
+                failed.update({n: f"by hand: {exc}" for n, _ in group})
+                continue
+            edits.append((SourceEdit(st.path, st.first, st.last, st.text, new), [n for n, _ in group]))
+        return edits, failed
+
+    def _edit_source(self, numbers: list[int]) -> tuple[CodePatch | None, dict[int, tuple[bool, str]]]:
+        """Apply the source edits of ``numbers``, a statement at a time, so that one that cannot
+        be applied leaves the others made."""
+        groups, failed = self._planned_edits(numbers)
+        done: dict[int, tuple[bool, str]] = {n: (False, why) for n, why in failed.items()}
+        made: list[SourceEdit] = []
+        functions: list[str] = []
+        for edit, members in groups:
+            try:
+                one = patch_functions([edit])
+            except EditError as exc:
+                done.update({n: (False, f"not applied: {exc}") for n in members})
+                continue
+            made.append(edit)
+            functions += one.functions
+            done.update({n: (True, f"{', '.join(one.functions)} recompiled with the edited line, in memory "
+                                   "(Fixes.patch() writes it as a diff)") for n in members})
+        if not made:
+            return None, done
+        return CodePatch(tuple(made), active=True, functions=list(dict.fromkeys(functions))), done
+
+    # -- the patch --------------------------------------------------------------------------------
+    def patch(self, fixes: Iterable[int] | None = None) -> str:
+        """The source edits as one unified diff: ``git apply`` (or ``patch -p1``) takes it in the
+        project a file belongs to; an installed library's file is a diff against the installed
+        file, labelled so. Fixes that are no source edit, or cannot be made, are listed in ``#``
+        lines at its head, which ``git apply`` and ``patch`` skip."""
+        groups, failed = self._planned_edits(self._numbers(fixes))
+        edits = [edit for edit, _ in groups]
+        head = []
+        for n in self._numbers(fixes):
+            p, row = self._proposals.get(n), self._row(n)
+            where = row["source"] or row["module"]
+            if n in failed:
+                head.append(f"# fix {n} ({row['pattern']}) at {where}: {failed[n]}")
+            elif p is not None and p.action != EDIT:
+                head.append(f"# fix {n} ({row['pattern']}) is no source edit: {row['action']}: {row['suggestion']}")
+        return "".join(f"{line}\n" for line in head) + unified_diff(edits)
+
+    def save_patch(self, path) -> None:
+        """Write :meth:`patch` to ``path``, atomically."""
+        text = self.patch()
+        atomic_write(path, lambda tmp: tmp.write_text(text))
+
+    # -- proving ----------------------------------------------------------------------------------
+    def verify(self, model: nn.Module, *inputs, kwargs: Mapping | None = None, backward: bool = True,
+               loss_fn: Callable | None = None, warmup: int = 1, rounds: int = 7, max_rounds: int = 35,
+               budget_s: float = 30.0, exposed: bool = True, seed: int = 0) -> pd.DataFrame:
+        """Prove each fix, and all of them together, on ``model`` and ``inputs`` (those the audit
+        ran; the same step options as :func:`auditor.audit`). Each is applied to a copy of the
+        model (its source edits for the time it runs), the copy re-audited, its forward outputs
+        and gradients compared with the original's (:data:`TOLERANCE`), and the step of both
+        timed in interleaved rounds at one thread until the interval of the saving lies on one
+        side of 0 or ``budget_s`` seconds or ``max_rounds`` rounds are spent. With ``exposed``,
+        the causes that appear only once every fix is made get rows of their own (their fixes are
+        made too, until no new cause appears). ``model`` itself is left as it was.
+
+        Returns one row per fix (``kind`` ``fix``), one for all together (``all``) and one per
+        exposed cause (``exposed``), columns in :data:`VERIFY_COLUMNS`; also kept as
+        :attr:`verification`, which this object's text and HTML show. The audit is left as it
+        is: ``audit.report(verification=table)`` and ``audit.html(verification=table)`` show the
+        measured saving beside the estimate."""
+        _check_changeable(model)
+        if self._code is not None and self._code.active:
+            raise RuntimeError("undo() the fixes applied before verifying: verify applies each one itself")
+        step = Step(model, inputs, kwargs or {}, backward=backward, loss_fn=loss_fn)
+        timing = {"rounds": rounds, "max_rounds": max_rounds, "budget_s": budget_s}
+        rows = [self._verify_one([n], step, warmup, seed, timing) for n in self._numbers(None)]
+        if len(self) > 0:
+            together, found = self._verify_all(step, warmup, seed, timing, exposed, rows)
+            rows.append(together)
+            rows.extend(found)
+        for r in rows:
+            r.pop("_after", None)
+        frame = pd.DataFrame(rows, columns=VERIFY_COLUMNS)
+        self.verification = frame
+        return frame
+
+    def _verify_one(self, numbers: list[int], step: Step, warmup: int, seed: int, timing: dict,
+                    extra: list[tuple[Fixes, list[int]]] = (), kind: str = "fix") -> dict:
+        """One row: ``numbers`` (and fixes of other audits, ``extra``) applied to a copy; ``kind``
+        ``fix`` for one fix, ``all`` for all of them."""
+        row = self._row(numbers[0]) if kind == "fix" else None
+        base = {"kind": kind, "fix": numbers[0] if row is not None else 0,
+                "cause": int(row["cause"]) if row is not None else 0,
+                "pattern": row["pattern"] if row is not None else "",
+                "source": row["source"] if row is not None else "",
+                "estimated_us": self._estimate(numbers)}
+        fixed_model = copy.deepcopy(step.model)
+        reference = copy.deepcopy(step.model)
+        # the values are compared in float64 where the model runs there: float32's rounding, which
+        # a batch norm over a handful of values amplifies, is no change of the math
+        checks = [verification.in_float64(step.replace(model=m)) or step.replace(model=copy.deepcopy(m))
+                  for m in (reference, fixed_model)]
+        names = verification.parameter_names(checks[1].model)  # a swapped module keeps its Parameters
+        with _applied([(self, numbers), *extra], fixed_model, checks[1].model) as (code, done):
+            applied = all(done[n][0] for n in numbers)
+            reason = "; ".join(dict.fromkeys(done[n][1] for n in numbers if not done[n][0]))
+            if not applied:
+                return {**base, "applied": False, "reason": reason, "verdict": verification.NOT_APPLIED,
+                        "hotspots_before": self._groups(numbers), "hotspots_after": pd.NA}
+            after = _audit(step.replace(model=copy.deepcopy(fixed_model)), warmup)
+            out = {**base, "applied": True, "reason": "",
+                   **self._hotspot_counts(numbers, after)}
+            with _code_off(code):
+                before_values = verification.step_values(checks[0], seed)
+            after_values = verification.step_values(checks[1], seed, names)
+            same = verification.compare_values(before_values, after_values)
+            before_step = step.replace(model=reference).timed()
+            after_step = step.replace(model=fixed_model).timed()
+
+            def before():
+                with _code_off(code):
+                    before_step()
+
+            saving = verification.measure_saving(before, after_step, **timing)
+        return {**out, "same_outputs": same.same, "max_abs_diff": same.max_abs_diff, "max_rel_diff": same.max_rel_diff,
+                "step_us_before": saving.step_us_before, "step_us_after": saving.step_us_after,
+                "saving_us": saving.saving_us, "saving_low_us": saving.saving_low_us,
+                "saving_high_us": saving.saving_high_us, "ratio": saving.ratio, "ratio_low": saving.ratio_low,
+                "ratio_high": saving.ratio_high, "rounds": saving.rounds,
+                "verdict": verification.verdict(True, same, saving), "_after": after}
+
+    def _verify_all(self, step: Step, warmup: int, seed: int, timing: dict, exposed: bool,
+                    rows: list[dict]) -> tuple[dict, list[dict]]:
+        """The row of every fix together, and one row per cause that only appears once they are
+        made (whose own fixes are then made too, until no new cause appears, at most 3 times);
+        one fix alone, and nothing exposed, is its own row again (``rows``: the fixes' rows).
+        "Together" is every fix that can be made: a fix by hand is left out, as the user would."""
+        numbers = [n for n in self._numbers(None) if self._row(n)["automatic"]]
+        if not numbers:
+            return {"kind": "all", "fix": 0, "cause": 0, "pattern": "", "source": "", "applied": False,
+                    "reason": "no fix can be made automatically", "verdict": verification.NOT_APPLIED,
+                    "hotspots_before": self._groups(self._numbers(None)), "hotspots_after": pd.NA,
+                    "estimated_us": self._estimate(self._numbers(None))}, []
+        extra: list[tuple[Fixes, list[int]]] = []
+        found: list[dict] = []
+        known = _cause_keys(self.audit.causes()) if self.audit is not None else set()
+        for _ in range(3 if exposed else 0):
+            fixed_model = copy.deepcopy(step.model)
+            with _applied([(self, numbers), *extra], fixed_model):
+                after = _audit(step.replace(model=fixed_model), warmup)
+            causes = after.causes()
+            new = causes[[k not in known for k in _keys_of(causes)]]
+            if new.empty:
+                break
+            more = suggest_fixes(after)
+            mine = more.frame[more.frame["cause"].isin(new["cause"])]
+            for c in new.itertuples():
+                f = mine[mine["cause"] == c.cause]
+                found.append({"kind": "exposed", "fix": int(f["fix"].iloc[0]) if len(f) else 0, "cause": c.cause,
+                              "pattern": c.pattern, "source": c.source, "applied": bool(len(f) and f["automatic"].iloc[0]),
+                              "reason": "" if len(f) and f["automatic"].iloc[0] else
+                              (f["reason"].iloc[0] if len(f) else "no fix is known to help"),
+                              "hotspots_before": int(c.hotspots), "hotspots_after": pd.NA,
+                              "estimated_us": c.saving_us, "verdict": ""})
+            known |= _cause_keys(new)
+            automatic = [int(n) for n in mine.loc[mine["automatic"], "fix"]]
+            if not automatic:
+                break
+            extra.append((more, automatic))
+        if len(numbers) == 1 and not extra:
+            [alone] = [r for r in rows if r["fix"] == numbers[0]]
+            return {**alone, "kind": "all", "fix": 0, "cause": 0, "pattern": "", "source": ""}, found
+        return self._verify_one(numbers, step, warmup, seed, timing, extra, kind="all"), found
+
+    def _estimate(self, numbers: list[int]) -> float:
+        if self.audit is None:
+            return float("nan")
+        causes = self.audit.causes().set_index("cause")
+        chosen = [int(self._row(n)["cause"]) for n in numbers]
+        return float(causes.loc[chosen, "saving_us"].sum(min_count=1))
+
+    def _groups(self, numbers: list[int]) -> int:
+        causes = {int(self._row(n)["cause"]) for n in numbers}
+        return int(self._hotspots["cause"].isin(causes).sum())
+
+    def _hotspot_counts(self, numbers: list[int], after: Audit) -> dict:
+        """That cause's hotspot groups before, and after: the groups of ``after`` whose cause is
+        at the same line, op and phase (a group another cause still makes is that cause's)."""
+        causes = {int(self._row(n)["cause"]) for n in numbers}
+        before = self.audit.causes() if self.audit is not None else pd.DataFrame(columns=["cause", *_CAUSE_AT])
+        keys = {tuple(k) for k in before.loc[before["cause"].isin(causes), _CAUSE_AT].astype(str).to_numpy()}
+        mine = after.causes()
+        still = mine.loc[[tuple(k) in keys for k in mine[_CAUSE_AT].astype(str).to_numpy()], "cause"]
+        hot = after.hotspots()
+        return {"hotspots_before": int(self._hotspots["cause"].isin(causes).sum()),
+                "hotspots_after": int(hot["cause"].isin(set(still)).sum())}
+
+    # -- display ----------------------------------------------------------------------------------
+    def __str__(self) -> str:
+        text = fixes_text(self.frame, len(self._hotspots), writes=(EDIT,))
+        return text if self.verification is None else f"{text}\n\n{verification_text(self.verification)}"
+
+    def __repr__(self) -> str:
+        saved = int(self.frame["bytes"].clip(lower=0).sum()) if len(self) else 0
+        return f"<Fixes {len(self)} fixes, {saved} bytes to save>"
+
+    def _repr_html_(self) -> str:
+        """One table row per fix, for notebooks, then the verification once there is one."""
+        html = fixes_html(self.frame, len(self._hotspots))
+        return html if self.verification is None else html + verification_html(self.verification)
+
+
+def _audit(step: Step, warmup: int) -> Audit:
+    """The step audited as :func:`auditor.audit` would, after ``warmup`` steps."""
+    step.warm_up(warmup)
+    return record_step(step, record_source=True, record_time=True, warmup=warmup)
+
+
+def _cause_keys(causes: pd.DataFrame) -> set[tuple]:
+    return set(_keys_of(causes))
+
+
+def _keys_of(causes: pd.DataFrame) -> list[tuple]:
+    return list(zip(causes["pattern"], causes["phase"], causes["op"], causes["source"]))
+
+
+@contextlib.contextmanager
+def _code_off(code: CodePatch | None) -> Iterator[None]:
+    if code is None or not code.active:
+        yield
+        return
+    code.undo()
+    try:
+        yield
+    finally:
+        code.redo()
+
+
+@contextlib.contextmanager
+def _applied(groups: list[tuple[Fixes, list[int]]], model: nn.Module, *copies: nn.Module):
+    """``groups`` of fixes (each of one audit) applied to ``model`` (and to its ``copies``) and to
+    the source, taken back after; yields (the source edits, per fix number of the first group:
+    (applied, detail))."""
+    patches, undo, first = [], [], {}
+    try:
+        for k, (fixes, numbers) in enumerate(groups):
+            code, done = fixes._edit_source(numbers)
+            if code is not None:
+                patches.append(code)
+            more, done_model = _change_model(model, fixes.frame, fixes._proposals, numbers)
+            undo.extend(more)
+            done.update(done_model)
+            for other in copies:
+                undo.extend(_change_model(other, fixes.frame, fixes._proposals, numbers)[0])
+            if k == 0:
+                first = done
+        code = CodePatch(tuple(e for p in patches for e in p.edits), active=bool(patches))
+        yield code, first
+    finally:
+        for p in reversed(patches):
+            p.undo()
+        for fn in reversed(undo):
+            fn()
+
+
+def _change_model(model: nn.Module, frame: pd.DataFrame, proposals: Mapping[int, Proposal],
+                  numbers: list[int]) -> tuple[list[Callable[[], None]], dict[int, tuple[bool, str]]]:
+    """The fixes among ``numbers`` that change the model (swaps, weights, regions), made in
+    place; (how to take each back, per fix: (applied, what was done or why not))."""
+    undo: list[Callable[[], None]] = []
+    done: dict[int, tuple[bool, str]] = {}
+    rows = frame.set_index("fix")
+    for n in numbers:
+        r, p = rows.loc[n], proposals.get(n)
+        action = r["action"]
+        if action == EDIT:
+            continue
+        if p is not None and not p.automatic:
+            done[n] = (False, f"by hand: {p.reason}")
+        elif action == SWAP:
+            modules = (p.extra.get("modules") if p is not None else None) or [r["module"]]
+            table = p.extra.get("table") if p is not None else None
+            swapped, failures = [], []
+            for name in modules:
+                parent_name, _, attr = name.rpartition(".")
+                try:
+                    parent = model.get_submodule(parent_name) if parent_name else model
+                    old = model.get_submodule(name)
+                    new = swap_module(model, name, table)
+                except (ValueError, AttributeError) as exc:
+                    failures.append(str(exc))
+                    continue
+                undo.append(lambda parent=parent, attr=attr, old=old: setattr(parent, attr, old))
+                swapped.append(f"{name} is now {type(new).__name__}")
+            what = "; ".join(swapped[:2]) + (f" (and {len(swapped) - 2} more)" if len(swapped) > 2 else "")
+            if failures:
+                what += ("; " if what else "") + f"not applied: {failures[0]}"
+            done[n] = (bool(swapped) and not failures, what)
+        elif action == WEIGHT:
+            modules = (p.extra.get("modules") if p is not None else None) or [r["module"]]
+            converted = []
+            for name in modules:
+                weight = conv_module(model, name).weight
+                target = CHANNELS_LAST_OF_RANK[weight.dim()]
+                if weight.is_contiguous(memory_format=target) and not weight.is_contiguous():
+                    continue
+                strides = weight.stride()
+                set_conv_format(model, name, target, convert_input=False)
+                undo.append(lambda w=weight, strides=strides: _restride(w, strides))
+                converted.append(name)
+            done[n] = ((True, f"{', '.join(converted)}.weight converted") if converted else
+                       (False, f"{modules[0]}.weight is already {FORMAT_NAMES[target]}: nothing to do"))
+        elif action == REGION:
+            convs = [m for m in r["region"] if is_conv_module(model, m)]
+            strides = {m: conv_module(model, m).weight.stride() for m in convs}
+            keep_contiguous(model, convs)
+            undo.append(lambda strides=strides: _back_to(model, strides))
+            what = f"{', '.join(convs) or 'nothing'} run contiguous"
+            if len(convs) < len(r["region"]):
+                others = ", ".join(m for m in r["region"] if m not in convs)
+                what += f"; by hand: {others} ran convolutions but are no convolution modules"
+            done[n] = (bool(convs), what)
+        else:
+            done[n] = (False, f"by hand, at {r['source'] or r['module']}: {r['suggestion'] or r['detail']}")
+    return undo, done
+
+
+def _restride(param: nn.Parameter, strides: tuple[int, ...]) -> None:
+    """``param`` (and its gradient) laid out with ``strides`` again, its values kept: a 1x1
+    kernel's strides pick the layout its convolution computes in, though both formats call it
+    contiguous, so a format is not enough to put it back."""
+    for t in (param, param.grad):
+        if t is not None and t.stride() != strides:
+            t.data = torch.empty_strided(t.shape, strides, dtype=t.dtype, device=t.device).copy_(t.detach())
+
+
+def _back_to(model: nn.Module, strides: dict[str, tuple[int, ...]]) -> None:
+    """Convolutions a region fix ran contiguous, back to their weights' layouts, their input
+    conversions removed."""
+    for name, weight_strides in strides.items():
+        conv = conv_module(model, name)
+        _restride(conv.weight, weight_strides)
+        remove_input_formats(conv)
+
+
+def suggest_fixes(audit: Audit) -> Fixes:
+    """One fix for every cause of ``audit`` that has one that saves bytes.
+
+    The fix follows the cause's pattern (:mod:`._generators`): a rewrite of the cause's
+    statement (an explicit ``.contiguous()`` asks for channels_last; a mean over H and W becomes
+    a sum divided by H·W; a stack reduced along the stack becomes the sum of the branches;
+    slices of the channels become one ``split``; an N×C×1×1 map interpolated is broadcast; an
+    in-place op on a view goes out of place; a rebuilt weight is flattened in its memory order;
+    a channel shuffle function becomes ``F.channel_shuffle``), a torch module to swap for one
+    that keeps the format (:data:`SWAPS`), a weight to convert, or the convolutions around an op
+    that cannot keep the format to run contiguous, when that moves fewer bytes than it saves.
+    Where a statement does not have the shape its rewrite needs, the fix is left by hand, with
+    the reason (``automatic``, ``reason``). Lines need an audit with source lines (the
+    default). A claim that an op has no channels_last kernel is made only where
+    ``Audit.coverage()`` says so for this device and dtype.
+    """
+    if not isinstance(audit, Audit):
+        raise TypeError(f"suggest_fixes expects an auditor.Audit, got {type(audit).__name__}")
+    hot = audit.hotspots()
+    causes = audit.causes()
+    if causes.empty:
+        return Fixes(pd.DataFrame(columns=FIX_COLUMNS), hot.assign(fix=pd.Series(dtype="int64")), audit)
+    found = audit.analysis()
+    ops, view, tracer = found.ops, found.view(), found.tracer
+    backward = bool((ops["phase"] == "backward").any())
+    rows, proposals = [], []
+    with one_scan():
+        found_proposals = {c.cause: propose(view, tracer, c) for c in causes.itertuples()}
+    for cause in causes.itertuples():
+        p = found_proposals[cause.cause]
+        if p is None:  # no generator has a fix for it: reported, by hand
+            p = Proposal(BY_HAND, cause.fix, reason="no change is known that keeps the format here")
+        mine = hot[hot["cause"] == cause.cause]
+        fwd = int(mine.loc[mine["phase"] == "forward", "bytes"].sum())
+        bwd = int(mine.loc[mine["phase"] != "forward", "bytes"].sum())
+        removed = int(cause.bytes) if cause.kind == WEIGHT_CAUSE else fwd + bwd
+        added = p.added_bytes * (2 if backward else 1)  # a region's edges convert gradients too
+        if removed - added <= 0 and p.automatic:
+            p.reason = (f"its edges would convert {format_bytes(added)} where it removes {format_bytes(removed)}: "
+                        "auditor.plan_layout measures whether another layout pays")
+        rows.append({"cause": cause.cause, "pattern": cause.pattern, "action": p.action, "module": cause.module,
+                     "module_type": cause.module_type, "op": cause.op, "source": cause.source, "line": p.line,
+                     "suggestion": p.suggestion, "detail": p.detail, "hotspots": len(mine),
+                     "count": int(mine["count"].sum()), "bytes": removed - int(added), "hotspot_bytes": removed,
+                     "added_bytes": int(added), "forward_bytes": fwd, "backward_bytes": bwd, "region": p.region,
+                     "automatic": p.automatic, "reason": p.reason})
+        proposals.append((cause.cause, p))
+    frame = pd.DataFrame(rows, columns=[c for c in FIX_COLUMNS if c != "fix"])
+    frame = frame.sort_values(["bytes", "hotspot_bytes"], ascending=False, kind="stable", ignore_index=True)
+    frame.insert(0, "fix", np.arange(1, len(frame) + 1))
+    number = dict(zip(frame["cause"], frame["fix"]))
+    out_hot = hot.copy()
+    out_hot["fix"] = np.array([number.get(c, 0) for c in hot["cause"]], dtype=np.int64)
+    by_number = {int(number[c]): p for c, p in proposals if c in number}
+    frame = frame[FIX_COLUMNS].astype({"fix": "int64", "cause": "int64", "automatic": bool})
+    return Fixes(frame, out_hot, audit, by_number)
+
+
+def _check_changeable(model) -> None:
+    if isinstance(model, torch.jit.ScriptModule):
+        raise TypeError("Fixes.apply cannot change a TorchScript module in place: apply the fixes to the "
+                        "Python model, then script it again")
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"Fixes.apply expects an nn.Module, got {type(model).__name__}")
+

@@ -1,0 +1,176 @@
+"""Proving a fix: the values it must keep, and the time it saves, measured.
+
+A fix is verified when, applied, the re-audit shows its cause's hotspots gone, the step's forward
+outputs and the gradients it leaves equal the original's within the dtype's tolerance
+(:data:`TOLERANCE`), and the step was timed against the original's in interleaved rounds
+(:mod:`auditor._measure`). The saving is the median of the paired ratios within rounds, with
+its distribution-free interval; rounds go on until the interval lies on one side of 1 or the
+budget is spent, and then the saving is "within noise": a cause can be real, removed for good,
+and still cost less than this machine's noise.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from .._measure._decide import MIN_ROUNDS, median_interval, ratios
+from .._measure._harness import Rounds, default_clock, torch_threads
+from .._recording._torch import pytree
+from .._step import Step
+
+#: Largest difference allowed between a fixed step's values and the original's, relative to the
+#: largest magnitude among the original's values of the same kind (its outputs, or its
+#: gradients), by the dtype the comparison runs in. A verification compares in float64 when the
+#: model runs there (copies of the model and inputs): what is left is the rounding of another
+#: order of summation (a fix that keeps the format changes the order in which later reductions
+#: read memory), which a batch norm over a handful of values can amplify a millionfold; in
+#: float32 that amplified rounding can reach the values themselves.
+TOLERANCE = {torch.float64: 1e-6, torch.float32: 1e-3, torch.float16: 5e-2, torch.bfloat16: 5e-2}
+
+#: The verdicts of a verified fix.
+HELPS, WITHIN_NOISE, HURTS, CHANGES_OUTPUTS, NOT_APPLIED = (
+    "helps", "within noise", "hurts", "changes outputs", "not applied")
+
+
+def parameter_names(model) -> dict[int, str]:
+    """id(parameter) -> its name in ``model`` now: a fix that swaps a module keeps the module's
+    Parameters under new names, and the gradients are compared by the names they had."""
+    return {id(p): n for n, p in model.named_parameters()} if isinstance(model, torch.nn.Module) else {}
+
+
+def step_values(step: Step, seed: int = 0, names: dict[int, str] | None = None) -> dict[str, torch.Tensor]:
+    """What ``step`` computes, run once from ``seed``: its forward outputs and, with backward,
+    the gradients it leaves on the model's parameters (by name, or by the name ``names`` gives
+    each Parameter) and on the inputs that require them. The model's gradients are cleared
+    first, so none from before is added in."""
+    model = step.model
+    params = dict(model.named_parameters()) if isinstance(model, torch.nn.Module) else {}
+    if names:
+        params = {names.get(id(p), n): p for n, p in params.items()}
+    inputs = [t for t in step.inputs if isinstance(t, torch.Tensor) and t.requires_grad]
+    for t in (*params.values(), *inputs):
+        t.grad = None
+    torch.manual_seed(seed)
+    out = step.run()
+    values = {f"output {i}": t for i, t in enumerate(pytree.tree_leaves(out)) if isinstance(t, torch.Tensor)}
+    if step.backward:
+        values.update({f"grad {n}": p.grad for n, p in params.items() if p.grad is not None})
+        values.update({f"grad input {i}": t.grad for i, t in enumerate(inputs) if t.grad is not None})
+    return {k: v.detach().clone() for k, v in values.items()}
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Two runs' values side by side: whether they are the same within :data:`TOLERANCE`, the
+    largest absolute and relative difference, and the value it was found in."""
+
+    same: bool
+    max_abs_diff: float
+    max_rel_diff: float
+    worst: str
+
+
+def compare_values(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> Comparison:
+    """The values of a fixed step against the original's (:func:`step_values`): the largest
+    difference of each tensor, relative to the largest magnitude among the original's values of
+    its kind (outputs, gradients), within :data:`TOLERANCE` of its dtype."""
+    if before.keys() != after.keys():
+        missing = sorted(set(before) ^ set(after))
+        return Comparison(False, math.inf, math.inf, f"not in both: {', '.join(missing[:3])}")
+    scale: dict[str, float] = {}
+    for name, a in before.items():
+        if a.is_floating_point() and a.numel():
+            kind = name.split(" ")[0]
+            scale[kind] = max(scale.get(kind, 0.0), float(a.double().abs().max()))
+    same, worst_abs, worst_rel, worst = True, 0.0, 0.0, ""
+    for name, a in before.items():
+        b = after[name]
+        if a.shape != b.shape:
+            return Comparison(False, math.inf, math.inf, f"{name}: shape {tuple(a.shape)} -> {tuple(b.shape)}")
+        if not a.is_floating_point():
+            if not torch.equal(a, b):
+                return Comparison(False, math.inf, math.inf, name)
+            continue
+        diff = float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
+        top = scale.get(name.split(" ")[0], 0.0)
+        rel = diff / top if top > 0 else (0.0 if diff == 0 else math.inf)
+        if rel > worst_rel or (rel == worst_rel and diff > worst_abs):
+            worst_abs, worst_rel, worst = diff, rel, name
+        same &= rel <= TOLERANCE.get(a.dtype, 1e-3) and math.isfinite(diff)
+    return Comparison(same, worst_abs, worst_rel, worst)
+
+
+def in_float64(step: Step) -> Step | None:
+    """``step`` on float64 copies of its model and inputs (where its model is a module whose
+    floating state is float32 or lower), or None where it is not such a module."""
+    model = step.model
+    if not isinstance(model, torch.nn.Module):
+        return None
+    floating = [t for t in (*model.parameters(), *model.buffers()) if t.is_floating_point()]
+    if not floating or all(t.dtype == torch.float64 for t in floating):
+        return None
+    import copy
+
+    def up(t):
+        return t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+    return step.replace(model=copy.deepcopy(model).double(), inputs=tuple(up(t) for t in step.inputs),
+                        kwargs={k: up(v) for k, v in step.kwargs.items()})
+
+
+@dataclass(frozen=True)
+class Saving:
+    """A step timed before and after in interleaved rounds: medians per step (µs), the saving
+    (before less after) from the median paired ratio, and its interval."""
+
+    step_us_before: float
+    step_us_after: float
+    saving_us: float
+    saving_low_us: float
+    saving_high_us: float
+    ratio: float  #: after / before, the median over rounds of the ratio within a round
+    ratio_low: float
+    ratio_high: float
+    rounds: int
+    resolved: bool  #: the interval lies on one side of 1
+    clock: str
+
+
+def measure_saving(before: Callable[[], object], after: Callable[[], object], *, rounds: int = MIN_ROUNDS,
+                   max_rounds: int = 35, budget_s: float = 30.0, device: torch.device | str = "cpu") -> Saving:
+    """Time ``before`` and ``after`` in interleaved rounds at one thread (process CPU time on a
+    CPU): ``rounds`` first, then as many more at a time while the interval of the median ratio
+    straddles 1, until ``max_rounds`` or ``budget_s`` seconds."""
+    with torch_threads(1):
+        clock = default_clock(device)
+        start = time.perf_counter()
+        taken = Rounds({"before": before, "after": after}, device=device).run(rounds)
+        while True:
+            times = taken.times(clock)
+            paired = ratios(times["after"], times["before"])
+            low, high = median_interval(paired)
+            resolved = len(paired) >= MIN_ROUNDS and (high < 1 or low > 1)
+            more = min(rounds, max_rounds - len(taken))
+            if resolved or more <= 0 or time.perf_counter() - start > budget_s:
+                break
+            taken.run(more)
+    med = statistics.median(paired)
+    b, a = statistics.median(times["before"]), statistics.median(times["after"])
+    return Saving(b, a, b * (1 - med), b * (1 - high), b * (1 - low), med, low, high, len(paired), resolved, clock)
+
+
+def verdict(applied: bool, comparison: Comparison | None, saving: Saving | None) -> str:
+    """``not applied``, ``changes outputs``, or from the time: ``helps`` (the whole interval of
+    after / before below 1), ``hurts`` (above 1), else ``within noise``."""
+    if not applied:
+        return NOT_APPLIED
+    if comparison is not None and not comparison.same:
+        return CHANGES_OUTPUTS
+    if saving is None or not saving.resolved:
+        return WITHIN_NOISE
+    return HELPS if saving.ratio_high < 1 else HURTS
