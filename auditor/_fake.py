@@ -26,6 +26,8 @@ from ._recording._torch import (
     FakeTensor,
     FakeTensorMode,
     TorchDispatchMode,
+    TorchInternalsError,
+    fake_device_problem,
     foreach_supported_devices,
     pytree,
     require,
@@ -66,6 +68,12 @@ def resolve_device(device, tensors: list[torch.Tensor]) -> torch.device:
             f"fake audit: cannot target device {str(target)!r}; fake audits support "
             f"{', '.join(DEVICE_TYPES)}"
         )
+    problem = fake_device_problem(target.type)
+    if problem is not None:
+        raise TorchInternalsError(
+            f"fake audits for {target.type} need fake tensors that never reach the {target.type} runtime, but torch "
+            f"{torch.__version__} reaches it on this machine, which has no {target.type} device ({problem}); "
+            f"audit on a machine with the device, or use a newer torch")
     return target
 
 

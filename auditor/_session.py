@@ -12,7 +12,12 @@ import warnings
 from ._recording._mode import RecorderMode
 from ._recording._modules import ForwardModuleTracker
 from ._recording._profile import ProfileSession, profiler_records_mode_calls, require_profiler
-from ._recording._torch import current_dispatch_mode_stack, pop_mode, require_recorder
+from ._recording._torch import (
+    current_dispatch_mode_stack,
+    load_what_steps_import,
+    pop_mode,
+    require_recorder,
+)
 from ._result import Audit
 from ._step import Step
 
@@ -67,6 +72,7 @@ class FormatAuditor:
         if self._state == "recording":
             raise RuntimeError("this FormatAuditor is already recording: nest a new FormatAuditor instead")
         require_recorder()  # a torch without the private entry points says so before anything starts
+        load_what_steps_import()
         if self.record_time and self.profile:
             require_profiler()
         self._audit = None

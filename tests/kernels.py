@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 
+import pytest
 import torch
 import torch.nn as nn
 
@@ -92,3 +93,31 @@ def support_here(fn: Callable[[torch.Tensor], torch.Tensor], shape: tuple[int, .
     if backward:  # as the backward op wrote it (x.grad would be re-laid out like x)
         (y,) = torch.autograd.grad(y, x, torch.randn_like(y).contiguous(memory_format=torch.channels_last))
     return "full" if y.is_contiguous(memory_format=torch.channels_last) and not y.is_contiguous() else "none"
+
+
+def fake_cuda_problem() -> str | None:
+    """Why this torch's fake cuda tensors cannot stand in for a GPU here (None: they can)."""
+    from auditor._recording._torch import fake_device_problem
+
+    return fake_device_problem("cuda")
+
+
+#: skips a test that audits on fake cuda tensors where this torch reaches the CUDA runtime for
+#: them (the audit refuses there, which test_fake checks)
+needs_fake_cuda = pytest.mark.skipif(fake_cuda_problem() is not None,
+                                     reason=f"this torch's fake cuda tensors reach the CUDA runtime: {fake_cuda_problem()}")
+
+
+def inductor_refusal() -> str | None:
+    """Why compiled audits refuse this torch (None: they run)."""
+    from auditor._recording._torch import TorchInternalsError, require_inductor
+
+    try:
+        require_inductor()
+    except TorchInternalsError as exc:
+        return str(exc)
+    return None
+
+
+#: skips a test of compiled audits where they refuse this torch (test_compiled checks the refusal)
+needs_inductor = pytest.mark.skipif(inductor_refusal() is not None, reason=f"{inductor_refusal()}")

@@ -17,6 +17,7 @@ import auditor.plot
 from auditor import cli
 from auditor._fix._suggest import VERIFY_COLUMNS
 from auditor.cli import build_parser, main
+from tests.kernels import needs_fake_cuda, needs_inductor
 
 
 @pytest.fixture
@@ -81,6 +82,7 @@ def test_bad_input_is_one_line_and_exit_2(models_file, capsys, args, message):
     assert "Traceback" not in err
 
 
+@needs_fake_cuda
 def test_fake_audit_for_cuda_without_a_gpu(models_file, tmp_path, capsys):
     out = tmp_path / "out"
     argv = [f"{models_file}:small", "--input", "64,3,16,16", "--fake", "--device", "cuda", "--dtype", "float16", "--out", str(out)]
@@ -515,6 +517,7 @@ def test_progress_on_a_terminal_is_a_bar():
     assert off.getvalue() == ""
 
 
+@needs_inductor
 def test_compile_adds_the_compiled_step_and_its_files(models_file, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     out = tmp_path / "out"

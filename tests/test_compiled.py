@@ -23,7 +23,7 @@ import auditor
 from auditor import format_label
 from auditor._analysis._compiled import KEPT, ONLY_COMPILED, REMOVED
 from auditor._recording._torch import TorchInternalsError
-from tests.kernels import convs_that_lose
+from tests.kernels import convs_that_lose, needs_inductor
 
 CL, CL3 = torch.channels_last, torch.channels_last_3d
 
@@ -182,6 +182,7 @@ def _assert_copy_removed_where_layout_opt(a: auditor.Audit) -> None:
         assert cause["status"].iloc[0] == KEPT and cause["kernel"].iloc[0]
 
 
+@needs_inductor
 def test_contiguous_between_convs_is_removed_by_the_compiler(copy_audit):
     _assert_copy_removed_where_layout_opt(copy_audit)
     graphs = copy_audit.compiled.graphs()
@@ -191,6 +192,7 @@ def test_contiguous_between_convs_is_removed_by_the_compiler(copy_audit):
     assert graphs["time_us"].gt(0).all(), "a timed compiled audit gives every graph its kernels' time"
 
 
+@needs_inductor
 def test_contiguous_between_convs_with_dynamic_shapes():
     torch.manual_seed(0)
     a = auditor.audit(CopyBetweenConvs().to(memory_format=CL), _input((2, 3, 16, 16)), compile=True,
@@ -198,6 +200,7 @@ def test_contiguous_between_convs_with_dynamic_shapes():
     _assert_copy_removed_where_layout_opt(a)
 
 
+@needs_inductor
 def test_a_graph_break_between_the_convs():
     """Each graph's output keeps eager strides, so a conversion may cross the break; whatever
     the code does, the audit shows the same, and names the format each graph's images leave in."""
@@ -212,6 +215,7 @@ def test_a_graph_break_between_the_convs():
     assert conv["reason"].str.len().gt(0).all()
 
 
+@needs_inductor
 def test_conv3d_at_batch_1_copies_input_and_weight_where_this_cpu_has_no_kernel():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv3d(3, 8, 3, padding=1), nn.ReLU()).to(memory_format=CL3)
@@ -228,6 +232,7 @@ def test_conv3d_at_batch_1_copies_input_and_weight_where_this_cpu_has_no_kernel(
         assert not forward["weight"].any()
 
 
+@needs_inductor
 def test_a_custom_op_returning_contiguous_keeps_one_conversion_at_its_line():
     torch.manual_seed(0)
     a = auditor.audit(CustomOpBetweenConvs().to(memory_format=CL), _input((2, 3, 16, 16)), compile=True,
@@ -244,6 +249,7 @@ def test_a_custom_op_returning_contiguous_keeps_one_conversion_at_its_line():
     assert KEPT in set(compared["status"]) or ONLY_COMPILED in set(compared["status"])
 
 
+@needs_inductor
 def test_a_notebook_cell_s_line_is_named_alike_eager_and_compiled(monkeypatch):
     """In a notebook the eager log names a cell's line ``Cell In[5], line 7``; the compiled
     kernels name it the same, so the custom op's conversion meets its eager cause."""
@@ -279,6 +285,7 @@ def test_a_notebook_cell_s_line_is_named_alike_eager_and_compiled(monkeypatch):
     assert list(mine["status"]) == [KEPT] and ONLY_COMPILED not in set(compared["status"])
 
 
+@needs_inductor
 def test_a_graph_input_in_another_format_is_converted_by_a_kernel():
     torch.manual_seed(0)
     a = auditor.audit(CopyBetweenConvs().to(memory_format=CL), _input((2, 3, 16, 16), torch.contiguous_format),
@@ -292,6 +299,7 @@ def test_a_graph_input_in_another_format_is_converted_by_a_kernel():
         assert inputs.iloc[0]["phase"] == "forward" and inputs.iloc[0]["to_format"] == "channels_last"
 
 
+@needs_inductor
 @pytest.mark.slow
 def test_a_zoo_model_compiled():
     torchvision = pytest.importorskip("torchvision")
@@ -305,6 +313,7 @@ def test_a_zoo_model_compiled():
 
 
 # -- persistence, display, failures ----------------------------------------------------------------
+@needs_inductor
 def test_a_compiled_audit_round_trips_and_shows_itself(copy_audit, tmp_path):
     events, compiled = tmp_path / "events.csv", tmp_path / "compiled.csv"
     copy_audit.to_csv(events)
@@ -324,6 +333,7 @@ def test_a_compiled_audit_round_trips_and_shows_itself(copy_audit, tmp_path):
         auditor.compare_compiled(copy_audit, auditor.Audit.read_csv(events))
 
 
+@needs_inductor
 def test_a_model_that_does_not_compile_gives_dynamos_reason():
     model = CopyBetweenConvs(graph_break=True).to(memory_format=CL)
     with pytest.raises(auditor.CompileError, match="graph_break|graph break"):
@@ -341,6 +351,7 @@ def test_an_untested_torch_release_is_refused_with_its_version(monkeypatch, vers
         auditor.audit(CopyBetweenConvs(), _input((2, 3, 16, 16)), compile=True)
 
 
+@needs_inductor
 def test_changed_inductor_internals_are_refused(monkeypatch):
     from auditor._recording import _torch
 

@@ -99,7 +99,9 @@ def test_labels_agree_with_torch(shape, perm, slice_c):
         assert got == cl_name
     else:
         assert got not in ("contiguous", "ambiguous", cl_name)
-        dense = torch._prims_common.is_non_overlapping_and_dense_or_false(t)
+        prims = torch._prims_common  # the helper was renamed after torch 2.8
+        dense = getattr(prims, "is_non_overlapping_and_dense_or_false", None) or prims.is_non_overlapping_and_dense
+        dense = dense(t)
         assert is_dense(tuple(t.shape), t.stride()) == dense
         if dense:
             assert got == "other"

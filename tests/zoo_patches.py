@@ -190,6 +190,10 @@ FIXES = {
         "x = torch.cat([x[:, 0:self.in_channels] + shortcut, x[:, self.in_channels:]], dim=1)",
         "xa, xb = x.split([self.in_channels, x.shape[1] - self.in_channels], dim=1); "
         "x = torch.cat([xa + shortcut, xb], dim=1)"),
+    # a slice that keeps every channel is the tensor itself (where its backward writes contiguous)
+    "ghost_slice": Edit("timm.models.ghostnet:GhostModule", "forward",
+                        "return out[:, :self.out_chs, :, :]",
+                        "return out if out.shape[1] == self.out_chs else out[:, :self.out_chs, :, :]"),
     # autograd copies the gradient of a view written in place into contiguous order
     "ghost_add": Edit("timm.models.ghostnet:GhostBottleneck", "forward",
                       "x += self.shortcut(shortcut)", "x = x + self.shortcut(shortcut)"),
@@ -302,6 +306,19 @@ HEAD_POOL = ("timm/layers/adaptive_avgmax_pool.py", "x = self.pool(x)")
 # -- the models --------------------------------------------------------------------------------------
 
 
+def full_slice_backward_writes_contiguous() -> bool:
+    """Whether this torch's backward of a slice that keeps the whole dimension writes its
+    gradient contiguous (a slice_backward into zeros, as torch 2.8 runs it) instead of passing
+    the channels_last gradient through (an alias)."""
+    leaf = torch.randn(2, 4, 3, 3).to(memory_format=torch.channels_last).requires_grad_()
+    x = leaf * 1  # not a leaf: its gradient is what the slice's backward wrote, not a copy into the leaf's strides
+    seen = []
+    x.register_hook(seen.append)
+    y = x[:, :4, :, :]
+    y.backward(torch.ones_like(y))
+    return not seen[0].is_contiguous(memory_format=torch.channels_last)
+
+
 def _timm(name: str):
     def build():
         import timm
@@ -405,7 +422,9 @@ ZOO = [
     ZooModel("ghostnet_100", "timm", _timm("ghostnet_100"), (2, 3, 64, 64),
              (Cause("inplace_view", "backward", "timm/models/ghostnet.py", "x += self.shortcut(shortcut)",
                     "ghost_add"),
-              Cause("mean_backward", "backward", *EFFNET_SE, "effnet_se"))),
+              Cause("mean_backward", "backward", *EFFNET_SE, "effnet_se"))
+             + ((Cause("no_cl_kernel", "backward", "timm/models/ghostnet.py", "return out[:, :self.out_chs, :, :]",
+                       "ghost_slice"),) if full_slice_backward_writes_contiguous() else ())),
     ZooModel("skresnet18", "timm", _timm("skresnet18"), (2, 3, 64, 64),
              (Cause("stack_reduce", "forward", "timm/layers/selective_kernel.py", "x = torch.sum(x, dim=1)",
                     "sk_sum", after=("sk_attn_sum", "sk_attn_pool")),

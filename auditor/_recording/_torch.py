@@ -17,6 +17,7 @@ Private *attributes* of torch's objects are read where they are needed, some on 
 
 from __future__ import annotations
 
+import functools
 import importlib
 import sys
 
@@ -238,6 +239,15 @@ def require_recorder() -> None:
                        "Module._parameters", "ModuleTracker._fw_pre_hook", "ModuleTracker._fw_post_hook")
 
 
+def load_what_steps_import() -> None:
+    """Import the torch modules a step may import on first use (Dynamo: checkpointing and the
+    optimizers reach it through ``torch._disable_dynamo``) before a recording starts: some
+    releases run tensor ops while importing it (torch 2.8: 73), which would be recorded as the
+    step's own."""
+    if "torch._dynamo" not in sys.modules:
+        importlib.import_module("torch._dynamo")
+
+
 def op_schema(func):
     """``func``'s schema (``OpOverload._schema``)."""
     return func._schema
@@ -264,6 +274,26 @@ def drop_forward_hooks(module: torch.nn.Module) -> None:
 def node_sequence_nr(node) -> int:
     """The sequence number autograd gave ``node`` when the op that created it ran."""
     return node._sequence_nr()
+
+
+# -- fake tensors on a device the machine lacks ------------------------------------------------------
+
+
+@functools.cache
+def fake_device_problem(device_type: str) -> str | None:
+    """Why fake tensors on ``device_type`` cannot stand in for that device on this machine, or
+    None. Asked of the running torch, once: some releases reach the device's runtime from C++
+    even for fake tensors (a copy; autograd's bookkeeping, where it ends the process), which
+    raises without the device."""
+    if device_type == "cpu" or getattr(torch, device_type).is_available():
+        return None
+    require("fake")
+    try:
+        with __getattr__("FakeTensorMode")():
+            torch.empty(8, device=device_type).copy_(torch.empty(8, device=device_type))
+    except Exception as exc:  # the runtime's own error, whatever its class
+        return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+    return None
 
 
 # -- op tags ---------------------------------------------------------------------------------------
