@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
-import math
 import sys
 import time
 import traceback
@@ -24,70 +23,23 @@ from pathlib import Path
 import torch
 
 import auditor
+from format_auditor_cli import (
+    BUG_NOTE,
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    OUTPUT_FILES,
+    Failure,
+    Findings,
+    InternalError,
+    UsageError,
+    parse,
+)
 
 from ._display import progress
 from ._recording._files import atomic_write
 
 __all__ = ["main"]
-
-EXIT_OK = 0
-EXIT_FINDINGS = 1
-EXIT_USAGE = 2
-EXIT_INTERNAL = 3
-EXIT_INTERRUPTED = 130
-
-FORMATS = ("channels_last", "channels_last_3d", "contiguous")
-DTYPES = ("float32", "float64", "float16", "bfloat16")
-
-#: Every file format-audit may write into a model's folder; one of them there means an audit.
-OUTPUT_FILES = ("events.csv", "hotspots.csv", "causes.csv", "summary.csv", "coverage.csv", "report.txt",
-                "heatmap.png", "timeline.png", "fixes.txt", "fixes.patch", "verify.csv", "trace.json",
-                "conversions.csv", "graphs.csv", "compiled.csv")
-
-#: Input dimensions are indexed with 32-bit integers by many kernels, the element count with 64.
-MAX_DIM = 2**31 - 1
-MAX_NUMEL = 2**63 - 1
-
-BUG_NOTE = "this is a bug in format-audit; please report it with the command line and --traceback output"
-
-EPILOG = """\
-exit status:
-  0    the audit ran and nothing failed the run
-  1    a finding failed the run: --strict stopped at the first loss of channels_last
-  2    the model, its import, factory or input failed, a flag is wrong, --out already
-       holds an audit (add --force) or cannot be written
-  3    format-audit itself failed after the model ran (a bug: please report it)
-  130  interrupted
-"""
-
-
-class Failure(Exception):
-    """A failure already put in words: ``str()`` is the line to print after ``heading``, and
-    ``status`` the exit status."""
-
-    status: int
-    heading: str
-
-
-class Findings(Failure):
-    """The audit found what the flags say fails the run (``--strict``)."""
-
-    status = EXIT_FINDINGS
-    heading = ""
-
-
-class UsageError(Failure):
-    """The user's model, import or input failed, or a flag is wrong."""
-
-    status = EXIT_USAGE
-    heading = "error: "
-
-
-class InternalError(Failure):
-    """format-audit failed after the user's model ran fine: a bug of ours."""
-
-    status = EXIT_INTERNAL
-    heading = "internal error: "
 
 
 def one_line(exc: BaseException) -> str:
@@ -106,50 +58,6 @@ def blame(failure: type[Failure], what: str) -> Iterator[None]:
         raise
     except Exception as exc:
         raise failure(f"{what}: {one_line(exc)}") from exc
-
-
-def parse_input(text: str) -> tuple[int, ...]:
-    """The ``--input`` shape; checked here so an impossible one never reaches torch."""
-    try:
-        dims = tuple(int(p) for p in text.split(","))
-    except ValueError:
-        dims = ()
-    if not dims or any(d <= 0 for d in dims):
-        raise UsageError(f"--input must be comma-separated positive integers like 1,3,224,224, got {text!r}")
-    if max(dims) > MAX_DIM:
-        raise UsageError(f"--input dimension {max(dims)} is too large: each must be below 2**31")
-    if math.prod(dims) > MAX_NUMEL:
-        raise UsageError(f"--input {text} has more elements than a tensor can index (2**63)")
-    return dims
-
-
-def at_least(flag: str, low: int = 1) -> Callable[[str], int]:
-    """A parser ``type`` for a count flag of ``low`` or more. Like every check here it raises
-    UsageError, which argparse lets through, so the message is ours and not "argument --top:
-    invalid int value"."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise UsageError(f"{flag} must be an integer, got {text!r}") from None
-        if value < low:
-            raise UsageError(f"{flag} must be at least {low}, got {value}")
-        return value
-
-    return parse
-
-
-def one_of(flag: str, choices: tuple[str, ...]) -> Callable[[str], str]:
-    """A parser ``type`` for a flag with ``choices``, giving the one-line message for a value
-    outside them before argparse's own check."""
-
-    def parse(text: str) -> str:
-        if text not in choices:
-            raise UsageError(f"unknown {flag} {text!r}; use one of {', '.join(choices)}")
-        return text
-
-    return parse
 
 
 def load_model(spec: str) -> torch.nn.Module:
@@ -317,70 +225,6 @@ def stages_per_model(args: argparse.Namespace) -> int:
     """Progress steps of one model: building, recording, analysing, [suggesting fixes], [verifying
     them], [writing files]."""
     return 3 + bool(args.fix) + bool(args.fix and args.verify) + (args.out is not None)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="format-audit",
-        description="Audit where a model loses channels_last, what it costs, and where in the code.",
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("models", nargs="+", metavar="MODEL",
-                   help="torchvision:NAME, timm:NAME, path/to/file.py:FACTORY or package.module:FACTORY")
-    p.add_argument("--input", type=parse_input, metavar="N,C,H,W",
-                   help="input shape (default: 1,3,224,224; 1,3,299,299 for inception_v3; "
-                        "1,3,16,112,112 for channels_last_3d)")
-    # `choices` lists the values in --help; the `type` check has already given its own message
-    p.add_argument("--format", type=one_of("--format", FORMATS), choices=FORMATS, default="channels_last",
-                   help="memory format of the model and the input (default: %(default)s)")
-    p.add_argument("--dtype", type=one_of("--dtype", DTYPES), choices=DTYPES, default="float32",
-                   help="dtype of the model and the input (default: %(default)s)")
-    p.add_argument("--no-backward", action="store_true", help="audit the forward pass only")
-    p.add_argument("--device", default=None,
-                   help="target device, e.g. cpu or cuda; real runs run there (default: cpu)")
-    p.add_argument("--fake", action="store_true",
-                   help="run on fake tensors: the target's layout rules without its memory or compute")
-    p.add_argument("--compile", action="store_true",
-                   help="also compile the step with torch.compile (Inductor) and report the conversions its generated "
-                        "code makes and which eager causes the compiler removes (writes conversions.csv, graphs.csv, "
-                        "compiled.csv)")
-    p.add_argument("--strict", action="store_true",
-                   help="stop at the first op that loses channels_last and exit with status 1")
-    p.add_argument("--record-source", action=argparse.BooleanOptionalAction, default=True,
-                   help="record the source line of each op, so the causes name their lines (default: on)")
-    p.add_argument("--record-time", action=argparse.BooleanOptionalAction, default=None,
-                   help="measure each op's kernel time with torch's profiler, so causes rank by time "
-                        "(default: on; fake audits have no times)")
-    p.add_argument("--depth", type=at_least("--depth"), default=1,
-                   help="module depth of the summary and heatmap (default: %(default)s)")
-    p.add_argument("--top", type=at_least("--top"), default=10,
-                   help="hotspot groups shown in the report (default: %(default)s)")
-    p.add_argument("--fix", action="store_true",
-                   help="print the suggested fixes after the report, and write fixes.txt and fixes.patch (the "
-                        "source edits as a diff) with --out (records source lines)")
-    p.add_argument("--verify", action="store_true",
-                   help="with --fix: prove each fix on the model (applied to a copy, re-audited, outputs and "
-                        "gradients compared, the step timed before and after at one thread) and write verify.csv "
-                        "with --out; not with --fake")
-    p.add_argument("--warmup", type=at_least("--warmup", 0), default=None,
-                   help="unrecorded steps before the recorded one, so times are a steady step's (default: 1 "
-                        "when timing, else 0)")
-    p.add_argument("--trace", action="store_true",
-                   help="also write trace.json with --out: a Chrome trace for Perfetto or chrome://tracing")
-    p.add_argument("--out", metavar="DIR",
-                   help="write the audit's files there; one folder per model when several are given. "
-                        "events.csv is the whole audit for Audit.read_csv: its first rows (version, complete, "
-                        "error, category) are not ops, so in a spreadsheet filter its 'record' column to tensor "
-                        "and event; hotspots.csv, causes.csv and summary.csv are plain tables")
-    p.add_argument("--force", action="store_true", help="overwrite an audit already in --out")
-    p.add_argument("--traceback", action="store_true", help="print the full traceback of a failure")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="progress on stderr: a bar on a terminal, one line per step in a log "
-                        "(default: on, unless AUDITOR_PROGRESS=0)")
-    p.add_argument("--version", action="version",
-                   version=f"format-audit {auditor.__version__} (torch {torch.__version__})")
-    return p
 
 
 @dataclass
@@ -574,14 +418,12 @@ def report_failure(failure: BaseException, line: str, show_traceback: bool) -> N
 
 def main(argv: list[str] | None = None) -> int:
     """Run format-audit on ``argv`` and return its exit status (the parser's epilog lists them)."""
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # --help, --version, or a command line argparse has reported
-        return exc.code
-    except UsageError as exc:  # a flag's value, reported by its own check
-        report_failure(exc, f"{exc.heading}{exc}", show_traceback=False)
-        return exc.status
+    args = parse(argv)
+    return args if isinstance(args, int) else run_parsed(args)
+
+
+def run_parsed(args) -> int:
+    """Run a parsed command line and return its exit status; every failure is one line on stderr."""
     try:
         return run(args)
     except Failure as exc:

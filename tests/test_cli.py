@@ -16,7 +16,8 @@ import auditor
 import auditor.plot
 from auditor import cli
 from auditor._fix._suggest import VERIFY_COLUMNS
-from auditor.cli import build_parser, main
+from auditor.cli import main
+from format_auditor_cli import build_parser
 from tests.kernels import needs_fake_cuda, needs_inductor
 
 
@@ -263,7 +264,7 @@ def test_every_range_check_is_one_line_and_exit_2(models_file, capsys, args, mes
 
 
 def test_the_largest_dimension_and_element_count_pass():
-    from auditor.cli import parse_input
+    from format_auditor_cli import parse_input
 
     assert parse_input("2147483647,1,1,1") == (2147483647, 1, 1, 1)
     assert parse_input("2147483647,2147483647,2,1") == (2147483647, 2147483647, 2, 1)
@@ -279,7 +280,9 @@ def test_malformed_command_lines_show_the_usage_and_exit_2(models_file, capsys, 
 
 def test_version(capsys):
     assert main(["--version"]) == 0
-    assert capsys.readouterr().out == f"format-audit {auditor.__version__} (torch {torch.__version__})\n"
+    # the installed distributions' versions: read without importing torch
+    torch_release = torch.__version__.split("+")[0]
+    assert capsys.readouterr().out == f"format-audit {auditor.__version__} (torch {torch_release})\n"
 
 
 def test_help_lists_choices_defaults_and_exit_statuses(capsys):
@@ -530,3 +533,17 @@ def test_compile_adds_the_compiled_step_and_its_files(models_file, tmp_path, cap
     assert len(graphs) >= 2 and set(graphs["phase"]) >= {"forward", "backward"}
     assert main([f"{models_file}:small", "--input", "1,3,8,8", "--compile", "--fake"]) == 2
     assert "--compile" in _last_line(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["--version"], ["m:f", "--bogus"], ["m:f", "--top", "0"]])
+def test_the_command_line_answers_help_and_mistakes_without_importing_torch(argv):
+    """The console script parses before it imports torch (seconds), so --help, --version and a
+    mistyped flag answer at once."""
+    import subprocess
+
+    code = ("import sys, format_auditor_cli as c; status = c.main(sys.argv[1:]); "
+            "assert 'torch' not in sys.modules, 'torch was imported'; sys.exit(status)")
+    done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=60)
+    assert done.returncode == (0 if argv[0].startswith("--") else 2), done.stderr
+    assert "torch was imported" not in done.stderr
+    assert (done.stdout + done.stderr).strip()

@@ -18,6 +18,7 @@ tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "auditor"
 PLUGIN = ROOT / "format_auditor_pytest.py"
+CLI = ROOT / "format_auditor_cli.py"
 
 #: modules pytest itself loads: ``pytest`` is there whenever they run
 PYTEST_ONLY = {"format_auditor_pytest"}
@@ -51,7 +52,7 @@ def _third_party_imports() -> list[tuple[str, str, bool]]:
     run only when used."""
     out = []
     files = [(p.relative_to(PACKAGE).with_suffix("").as_posix().replace("/", "."), p) for p in PACKAGE.rglob("*.py")]
-    files.append(("format_auditor_pytest", PLUGIN))
+    files += [("format_auditor_pytest", PLUGIN), ("format_auditor_cli", CLI)]
     for name, path in files:
         tree = ast.parse(path.read_text())
         lazy: set[int] = set()
@@ -69,7 +70,7 @@ def _third_party_imports() -> list[tuple[str, str, bool]]:
             else:
                 continue
             for top in tops:
-                if top in sys.stdlib_module_names or top in ("auditor", "format_auditor_pytest", "__future__"):
+                if top in sys.stdlib_module_names or top in ("auditor", "format_auditor_pytest", "format_auditor_cli", "__future__"):
                     continue
                 out.append((name, top, id(node) not in lazy))
     return out
