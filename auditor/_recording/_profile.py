@@ -15,7 +15,6 @@ Only the raw event tree is walked (no ``FunctionEvent`` parsing), once, when rec
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import sys
 from dataclasses import dataclass, field
@@ -98,7 +97,9 @@ class ProfileSession:
             return disable_profiler()
 
 
-@functools.cache
+_MODE_CALLS_RECORDED: list[bool] = []  # the answer, once the profiler has given it
+
+
 def profiler_records_mode_calls() -> bool:
     """Whether this torch's profiler wraps each call of a dispatch mode in a ``PythonDispatchMode``
     record (asked of the profiler itself, once): where it does not, the recorder makes that
@@ -108,22 +109,24 @@ def profiler_records_mode_calls() -> bool:
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             return func(*args, **(kwargs or {}))
 
+    if _MODE_CALLS_RECORDED:
+        return _MODE_CALLS_RECORDED[0]
     session = ProfileSession(record_shapes=False)
     session.start()
-    if not session.active:  # the user's profiler runs: it does not say, and the recorder marks its calls
+    if not session.active:  # the user's profiler runs: ask another time, and mark the calls meanwhile
         return False
     try:
         with Probe():
             torch.ones(1) + 1
     finally:
         result = session.stop()
-    stack = list(result.experimental_event_tree())
-    while stack:
+    stack, found = list(result.experimental_event_tree()), False
+    while stack and not found:
         e = stack.pop()
-        if e.name == MODE_RECORD:
-            return True
+        found = e.name == MODE_RECORD
         stack.extend(e.children)
-    return False
+    _MODE_CALLS_RECORDED.append(found)
+    return found
 
 
 def require_profiler() -> None:
