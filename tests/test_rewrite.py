@@ -100,6 +100,21 @@ def test_slices_that_cut_the_channels_become_one_split():
         _new("a, b = x.chunk(2, dim=1)\n", rw.split_the_channels)
 
 
+def test_a_slice_of_the_leading_channels_is_skipped_when_it_keeps_them_all():
+    old = "        y = out[:, :self.out_chs, :, :] * 2\n"
+    new = _new(old, rw.skip_the_whole_slice)
+    assert new == "        y = (out if out.shape[1] == self.out_chs else out[:, :self.out_chs, :, :]) * 2\n"
+
+    class Self:
+        out_chs = 8
+    for chs in (8, 5):  # keeps them all; keeps some, as before
+        Self.out_chs = chs
+        y = _same_math(old, new, {"out": _image(2, 8, 4, 4), "self": Self()}, "y", exact=True)
+        assert y.shape[1] == chs
+    with pytest.raises(Refused, match="leading channels"):
+        _new("y = out[:, 2:5]\n", rw.skip_the_whole_slice)
+
+
 def test_an_in_place_op_on_a_name_goes_out_of_place():
     assert _new("        x += self.shortcut(s)  # residual\n", rw.out_of_place) == "        x = x + self.shortcut(s)  # residual\n"
     assert _new("y.mul_(z)\n", rw.out_of_place) == "y = y.mul(z)\n"

@@ -420,8 +420,11 @@ ZOO = [
                     "x = torch.cat([x[:, 0:self.in_channels] + shortcut, x[:, self.in_channels:]], dim=1)",
                     "rexnet_split"))),
     ZooModel("ghostnet_100", "timm", _timm("ghostnet_100"), (2, 3, 64, 64),
+             # where the slice's backward writes contiguous, writing x in place is safe only once the
+             # slice is skipped (alone, x = x + ... moves the slice's conversions to the batch norms):
+             # skipping the slice, so that x is no view, removes both causes
              (Cause("inplace_view", "backward", "timm/models/ghostnet.py", "x += self.shortcut(shortcut)",
-                    "ghost_add"),
+                    "ghost_slice" if full_slice_backward_writes_contiguous() else "ghost_add"),
               Cause("mean_backward", "backward", *EFFNET_SE, "effnet_se"))
              + ((Cause("no_cl_kernel", "backward", "timm/models/ghostnet.py", "return out[:, :self.out_chs, :, :]",
                        "ghost_slice"),) if full_slice_backward_writes_contiguous() else ())),

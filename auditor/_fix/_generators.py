@@ -401,6 +401,21 @@ def _module_swap_fix(c: CauseView) -> Proposal | None:
                  f"{c.row.fix} ({c.what}); the replacement computes the same values in the same format")
 
 
+@register_fix(patterns.NO_CL_KERNEL.name)
+def _whole_slice_fix(c: CauseView) -> Proposal | None:
+    """A slice that keeps every channel, whose backward (this torch's ``slice_backward``) writes
+    its gradient contiguous: skipped when it keeps them all."""
+    forward = c.forward
+    if not c.tracer.op[forward].startswith("aten.slice") or c.rank < 4:
+        return None
+    ins, outs = c.shapes(forward)
+    if not ins or not outs or ins[0] != outs[0]:
+        return None
+    return _statement_edit(c, "skip_the_whole_slice", detail=(
+        f"{c.what}: the slice keeps every channel, but its backward writes the gradient contiguous; skip it when "
+        f"it keeps them all"))
+
+
 @register_fix(patterns.CONV_NO_KERNEL.name)
 def _conv_swap_fix(c: CauseView) -> Proposal | None:
     """A convolution without a channels_last kernel for its shape whose sums another convolution

@@ -446,6 +446,28 @@ def split_the_channels(module: cst.Module, facts: Facts) -> cst.Module:
                                   f"{base}.split([{', '.join(sizes)}], dim=1)\n")
 
 
+def skip_the_whole_slice(module: cst.Module, facts: Facts) -> cst.Module:
+    """A slice of the leading channels, ``x[:, :k]``, is skipped when it keeps them all
+    (``x if x.shape[1] == k else x[:, :k]``): the same values in the same memory, without the
+    slice whose backward writes the gradient contiguous, and without a view for a later
+    in-place write to go through."""
+    def leading_slice(node) -> bool:
+        if not isinstance(node, cst.Subscript) or len(node.slice) < 2:
+            return False
+        first, second = (e.slice for e in node.slice[:2])
+        full = isinstance(first, cst.Slice) and first.lower is None and first.upper is None and first.step is None
+        rest = all(isinstance(e.slice, cst.Slice) and e.slice.lower is None and e.slice.upper is None
+                   for e in node.slice[2:])
+        return (full and rest and isinstance(second, cst.Slice) and second.step is None
+                and second.upper is not None and (second.lower is None or _code(second.lower) == "0"))
+
+    node = _the_one(_find(module, leading_slice), "slice of the leading channels (x[:, :k])")
+    if not _simple(node.value):
+        raise Refused(f"the sliced tensor ({_code(node.value)}) is an expression, not a name: split it by hand")
+    base, k = _code(node.value), _code(node.slice[1].slice.upper)
+    return _replace(module, node, _expr(f"({base} if {base}.shape[1] == {k} else {_code(node)})"))
+
+
 def out_of_place(module: cst.Module, facts: Facts) -> cst.Module:
     """``y += z`` on a view becomes ``y = y + z`` (and ``y.add_(z)`` ``y = y.add(z)``): the same
     values, without the in-place write into a view whose gradient autograd copies into contiguous
