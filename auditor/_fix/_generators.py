@@ -127,6 +127,26 @@ class CauseView:
         events = [int(fseq[m]) if forward and fseq[m] >= 0 else m for m in self.members]
         return list(dict.fromkeys(str(ops.at[x, "module"]) for x in events))
 
+    def instances(self, module_type: str) -> list[str]:
+        """Every module of ``module_type`` whose recorded ops show this cause: its forward op
+        at the same line, and, for a backward cause, that op's backward the same op doing the
+        same thing (losing, converting) as the cause's. A line inside a module class runs in
+        every instance of it; swapping one of N identical modules fixes one of N."""
+        view, fseq = self.view, self.tracer.forward_seq
+        f, e = self.forward, self.e
+        types = self.view.ops["module_type"].astype(str).to_numpy()
+        same_line = (types == module_type) & (view.phase == "forward") & (view.op == view.op[f]) \
+            & (view.source == view.source[f])
+        if e == f:
+            found = np.flatnonzero(same_line & (view.kind == view.kind[e]))
+        else:
+            backward = np.flatnonzero((view.phase == view.phase[e]) & (view.op == view.op[e])
+                                      & (view.kind == view.kind[e]) & (fseq >= 0))
+            found = [int(fseq[b]) for b in backward if same_line[int(fseq[b])]]
+        names = list(dict.fromkeys(str(view.module[x]) for x in found))
+        own = self.member_modules(forward=True)
+        return own + [m for m in names if m not in own]
+
     def proposal(self, action: str, detail: str, **more) -> Proposal:
         return Proposal(action, detail, **more)
 
@@ -249,7 +269,7 @@ def _mean_fix(c: CauseView) -> Proposal:
     module; written on the line, rewrite it as a sum divided by H·W."""
     typ = _torch_module_type(str(c.view.ops.at[c.forward, "module_type"]), SWAPS)
     if typ is not None:
-        modules = c.member_modules(forward=True)
+        modules = c.instances(typ.__name__)
         return _swap(c, modules, typ, SWAPS,
                      f"{c.row.fix} (it runs inside {modules[0]}, a {typ.__name__}); the replacement computes the same "
                      "values and its backward keeps the format")
@@ -397,7 +417,7 @@ def _module_swap_fix(c: CauseView) -> Proposal | None:
     typ = _torch_module_type(c.module_type, SWAPS)
     if typ is None:
         return None
-    return _swap(c, c.member_modules(), typ, SWAPS,
+    return _swap(c, c.instances(typ.__name__), typ, SWAPS,
                  f"{c.row.fix} ({c.what}); the replacement computes the same values in the same format")
 
 
