@@ -34,6 +34,7 @@ each model finishes) and ``results/breadth.md`` (the summary).
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import copy
 import csv
@@ -60,14 +61,12 @@ MD_PATH = RESULTS / "breadth.md"
 CORPUS_CACHE = RESULTS / "breadth_corpus.json"
 sys.path.insert(0, str(ROOT))  # the auditor of this checkout, not another one installed
 
-#: A fixed sample of fast, diverse models for the test suite: a squeeze-excite network, a
-#: channel shuffle, a ghost network (in-place adds), a segmentation decoder, a conv/token
-#: hybrid, a detection model (list inputs, targets, a loss dict), and a model with no
-#: convolution to skip.
+#: A fixed sample of fast, diverse models for the test suite (about 80 s of CPU): a
+#: squeeze-excite network, a channel shuffle, a segmentation decoder, a conv/token hybrid, a
+#: detection model (list inputs, targets, a loss dict), and a model with no convolution to skip.
 SAMPLE = [
     "timm/test_efficientnet",
     "torchvision/shufflenet_v2_x0_5",
-    "timm/ghostnet_050",
     "segmentation_models_pytorch/smp_fpn_resnet18",
     "timm/mobilevit_xxs",
     "torchvision/fasterrcnn_mobilenet_v3_large_320_fpn",
@@ -96,8 +95,9 @@ def _setup_env() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    if "BREADTH_TORCH_HOME" not in os.environ:
+    if "BREADTH_TORCH_HOME" not in os.environ:  # made by the parent, shared by its workers
         os.environ["BREADTH_TORCH_HOME"] = tempfile.mkdtemp(prefix="breadth-torch-home-")
+        atexit.register(shutil.rmtree, os.environ["BREADTH_TORCH_HOME"], True)
     os.environ["TORCH_HOME"] = os.environ["BREADTH_TORCH_HOME"]
 
 
@@ -256,7 +256,7 @@ def _targets(name: str, size: int, batch: int) -> list[dict]:
     out = []
     for i in range(batch):
         boxes = torch.tensor([[0.1, 0.1, 0.6, 0.7], [0.3, 0.2, 0.9, 0.8]]) * size
-        t = {"boxes": boxes + i, "labels": torch.tensor([1, 2 + i])}
+        t = {"boxes": boxes + i, "labels": torch.tensor([1, 1])}  # class 1 exists in every head (keypoint R-CNN has 2)
         if "maskrcnn" in name:
             masks = torch.zeros(2, size, size, dtype=torch.uint8)
             for j, b in enumerate(boxes.long()):
@@ -288,7 +288,7 @@ class Built:
         if e.source == "torchvision" and e.family == "optical_flow":
             return [(3, s, s) for s in (64, 96, 128, 192, 256)]
         if e.source == "torchvision" and e.family == "detection":
-            return [(3, s, s) for s in (64, 96, 128, 192, 256, 320)]
+            return [(3, s, s) for s in (64, 96, 128, 192, 256, 300, 320)]  # 300: ssd300's own
         if e.source in ("diffusers", "segmentation_models_pytorch"):
             return [tuple(self._zoo().shape[1:])]
         sizes = [32, 64, 96, 128, 160, 192, 224, 256, 299]
@@ -596,6 +596,11 @@ def run_model(e: Entry, rounds: int, budget: float, max_params: float) -> list[d
             model_row.update(contiguous_hotspots_before=cb, contiguous_hotspots_after=ca,
                              layout_regression=ca > cb)
     except Exception as exc:
+        if stages.current == "audit":  # does the model itself fail in channels_last, unaudited?
+            try:
+                _total(copy.deepcopy(model)(*args, **kwargs)).backward()
+            except Exception as own:
+                return done("model error", f"fails in channels_last without the auditor: {_exception_line(own)}")
         return done("auditor crash", f"{stages.current}: {_exception_line(exc)}")
 
     phase = dict(zip(causes["cause"], causes["phase"])) if len(causes) else {}
@@ -793,6 +798,8 @@ def totals(rows: list[dict]) -> dict:
         "layout_regressions": sum(_true(m["layout_regression"]) for m in run),
         "contiguous_before": sum(_int(m["contiguous_hotspots_before"]) for m in run),
         "contiguous_after": sum(_int(m["contiguous_hotspots_after"]) for m in run),
+        "regressed_before": sum(_int(m["contiguous_hotspots_before"]) for m in run if _true(m["layout_regression"])),
+        "regressed_after": sum(_int(m["contiguous_hotspots_after"]) for m in run if _true(m["layout_regression"])),
         "exposed": sum(r["row"] == "exposed" for r in rows),
         "patch_failed": sum(m["patch_check"].startswith("failed") for m in run),
         "patch_ok": sum(m["patch_check"] == "ok" for m in run),
@@ -826,7 +833,8 @@ def summary(rows: list[dict], settings: str = "") -> str:
               f"({share:.0%})**; by hand {t['by_hand']}; exposed by the fixes {t['exposed']}",
               f"- models whose applied fixes changed outputs: {t['changed_outputs']}",
               f"- layout regressions (contiguous hotspot groups up after the automatic fixes): {t['layout_regressions']} "
-              f"models; contiguous groups {t['contiguous_before']} -> {t['contiguous_after']} in all",
+              f"models, their contiguous groups {t['regressed_before']} -> {t['regressed_after']}; "
+              f"{t['contiguous_before']} -> {t['contiguous_after']} over every audited model",
               f"- patches: {t['patch_ok']} pass `git apply --check`, {t['patch_failed']} fail, "
               f"{t['patch_unchecked']} not checked", "",
               "Verified: the fix is automatic, was applied, the outputs and gradients are the same, and the "
@@ -861,6 +869,26 @@ def summary(rows: list[dict], settings: str = "") -> str:
         [[r, len(cs), ", ".join(sorted({c["pattern"] for c in cs})),
           ", ".join(list(dict.fromkeys(c["model"] for c in cs))[:4])]
          for r, cs in sorted(reasons.items(), key=lambda kv: -len(kv[1]))]), ""]
+    # layout regressions: which automatic fixes the model had
+    regressed = [m for m in models if _true(m["layout_regression"])]
+    if regressed:
+        lines += ["## Layout regressions: the contiguous run after the automatic fixes", "",
+                  "The automatic fixes applied in memory to a copy, the copy and its input made contiguous, "
+                  "and audited; the same model contiguous without the fixes beside it.", "", _table(
+                      ["model", "source", "contiguous groups before -> after", "its automatic fixes"],
+                      [[m["model"], m["source"], f"{m['contiguous_hotspots_before']} -> {m['contiguous_hotspots_after']}",
+                        "; ".join(f"{c['pattern']} at {c['location']} ({c['action']})"
+                                  for c in causes if (c["source"], c["model"]) == (m["source"], m["model"])
+                                  and _true(c["automatic"]))] for m in regressed]), ""]
+    changed = [c for c in causes if _true(c["changed_outputs"])]
+    if changed:
+        lines += ["## Fixes that changed outputs", "", _table(
+            ["model", "pattern", "location", "max relative difference"],
+            [[c["model"], c["pattern"], c["location"], c["max_rel_diff"]] for c in changed]), ""]
+    failed = [m for m in models if m["patch_check"].startswith(("failed", "not checked"))]
+    if failed:
+        lines += ["## Patches not applied cleanly or not checked", "", _table(
+            ["model", "patch"], [[m["model"], m["patch_check"]] for m in failed]), ""]
     # crashes
     bad = [m for m in models if m["status"] in ("auditor crash", "crash", "timeout", "model error", "out of memory")]
     if bad:
@@ -878,7 +906,7 @@ def summary(rows: list[dict], settings: str = "") -> str:
     table = []
     for m in models:
         mine = by_model.get((m["source"], m["model"]), [])
-        hand = "; ".join(f"{c['pattern']}: {c['reason']}" for c in mine if not _true(c["automatic"]))
+        hand = "; ".join(f"{c['pattern']}: {_short_reason(c['reason'])}" for c in mine if not _true(c["automatic"]))
         unverified = [c for c in mine if _true(c["automatic"]) and not _true(c["verified"])]
         if unverified:
             hand = "; ".join(filter(None, [hand, *(f"{c['pattern']}: automatic, not verified ({c['verdict']}, "
@@ -887,7 +915,7 @@ def summary(rows: list[dict], settings: str = "") -> str:
         contiguous = (f"{m['contiguous_hotspots_before']} -> {m['contiguous_hotspots_after']}"
                       if m["contiguous_hotspots_before"] != "" else "")
         table.append([m["model"], f"{m['source']} {m['family']}", m["status"] if m["status"] != "ok" else "",
-                      m["input"], m["causes"], m["automatic_verified"], m["by_hand"], hand[:400],
+                      m["input"], m["causes"], m["automatic_verified"], m["by_hand"], hand[:600],
                       "yes" if _true(m["changed_outputs"]) else "", contiguous + (" **regression**" if _true(m["layout_regression"]) else ""),
                       m["patch_check"], m["seconds"]])
     lines += ["## Per model", "", _table(
@@ -914,12 +942,13 @@ def main(argv=None) -> int:
     p.add_argument("--memory-gb", type=float, default=12, help="address-space limit per model (0: none)")
     p.add_argument("--csv", type=Path, default=CSV_PATH)
     p.add_argument("--md", type=Path, default=None, help="default: the CSV's name with .md")
+    p.add_argument("--note", default="", help="a line for the summary's head (how the run deviated, say)")
     args = p.parse_args(argv)
     md = args.md or args.csv.with_suffix(".md")
     settings = (f"Each model in its own process, {os.environ.get('OMP_NUM_THREADS', 'default')} OpenMP thread(s); "
                 f"verification timing {args.rounds} rounds, {args.budget:g} s budget, no more rounds (most "
                 "timing verdicts are `within noise` at this budget: the table is about correctness); timeout "
-                f"{args.timeout:g} s per model.")
+                f"{args.timeout:g} s per model, address space {args.memory_gb:g} GiB per model. {args.note}").strip()
     if args.summary:
         md.write_text(summary(read_rows(args.csv), settings))
         return 0
