@@ -46,17 +46,13 @@ _FORMATS = {4: torch.channels_last, 5: torch.channels_last_3d}
 
 
 def channels_last_input(args, kwargs) -> bool:
-    """The first tensor argument is dense in channels_last (3d) order and not also contiguous."""
-    t = next((a for a in args if isinstance(a, torch.Tensor)), None)
-    if t is None or t.dim() not in _FORMATS:
-        return False
-    return t.is_contiguous(memory_format=_FORMATS[t.dim()]) and not t.is_contiguous()
-
-
-def _any_tensor(pred: Callable[[torch.Tensor], bool]):
-    def check(args, kwargs) -> bool:
-        return any(isinstance(a, torch.Tensor) and pred(a) for a in (*args, *kwargs.values()))
-    return check
+    """A 4-D/5-D tensor argument (the input, or for a backward op its grad_output or saved input)
+    is dense in channels_last (3d) order and not also contiguous."""
+    for t in args:
+        if isinstance(t, torch.Tensor) and t.dim() in _FORMATS and not t.is_contiguous() \
+                and t.is_contiguous(memory_format=_FORMATS[t.dim()]):
+            return True
+    return False
 
 
 def _all(*checks):
