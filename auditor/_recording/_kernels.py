@@ -129,12 +129,12 @@ CORRECTIONS: tuple[Correction, ...] = (
                PROBE, "aten/src/ATen/native/group_norm.cpp: is_cpu() ? suggest_memory_format() : Contiguous; "
                "the meta rule (torch._refs.native_group_norm) writes contiguous",
                when=channels_last_input),
-    Correction("pad_backward_cpu", "cpu", tuple(getattr(aten, n).default for n in (
-        "reflection_pad1d_backward", "reflection_pad2d_backward", "reflection_pad3d_backward",
-        "replication_pad1d_backward", "replication_pad2d_backward", "replication_pad3d_backward")),
-        PROBE, "meta kernels of reflection/replication pad disagree with eager (#179307, #179366); "
-        "the CPU backward kernels (ReflectionPad.cpp, ReplicationPadding.cpp) keep grad_output's format",
-        when=channels_last_input),
+    Correction("pad_cpu", "cpu", tuple(getattr(aten, f"{kind}_pad{d}d{bwd}").default
+                                       for kind in ("reflection", "replication") for d in (1, 2, 3)
+                                       for bwd in ("", "_backward")),
+        PROBE, "meta kernels of reflection/replication pad disagree with eager: the forward's on torch 2.8 "
+        "(fixed by #179307, #179366), the backward's still on 2.14; the CPU kernels (ReflectionPad.cpp, "
+        "ReplicationPadding.cpp) keep the input's (grad_output's) format", when=channels_last_input),
     Correction("roll_cpu", "cpu", (aten.roll.default,), PROBE,
                "aten/src/ATen/native/TensorTransformations.cpp (roll_cpu: empty_like keeps the format); "
                "the decomposition torch._refs.roll writes contiguous", when=channels_last_input),
