@@ -188,3 +188,15 @@ def test_an_unknown_cudnn_is_said_not_guessed(monkeypatch):
         warnings.simplefilter("always")
         auditor.audit(model, _x(3), fake=True, device="cuda")
     assert any("conv3d_cuda" in str(w.message) and "cannot be known" in str(w.message) for w in seen)
+
+
+def test_a_probe_that_cannot_run_leaves_the_meta_format_and_warns(monkeypatch):
+    def refuse(func, args, kwargs):
+        raise RuntimeError("no")
+    monkeypatch.setattr(_kernels, "probe", refuse)
+    model, x = case("group_norm")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        a = auditor.audit(model, x, fake=True, device="cpu")
+    assert any("could not be asked" in str(w.message) for w in seen)
+    assert a.complete

@@ -340,7 +340,16 @@ class Restrider(TorchDispatchMode):
                     warnings.warn(f"fake audit: whether {c.name} keeps channels_last on the target cannot be "
                                   f"known here ({c.source}); the meta kernel's format is logged", stacklevel=2)
                 continue
-            wanted = probe(func, args, kwargs) if writes == PROBE else None
+            wanted = None
+            if writes == PROBE:
+                try:
+                    wanted = probe(func, args, kwargs)
+                except Exception as exc:  # arguments a real tensor cannot copy (overlapping strides): say so
+                    if c.name not in self.unknown:
+                        self.unknown.add(c.name)
+                        warnings.warn(f"fake audit: the real kernel of {func} could not be asked ({exc}); the "
+                                      "meta kernel's format is logged", stacklevel=2)
+                    continue
             out = self._restride(c, func, out, writes, wanted)
         return out
 
