@@ -143,7 +143,18 @@ CUDA_CASES = {
 
 
 def test_every_cuda_entry_has_a_case():
-    assert set(CUDA_CASES) == {c.name for c in CORRECTIONS if c.device == "cuda"}
+    assert set(CUDA_CASES) | {"group_norm_cuda_unknown"} == {c.name for c in CORRECTIONS if c.device == "cuda"}
+
+
+def test_group_norm_on_cuda_is_contiguous_through_2_14_and_unknown_after():
+    """#191945 adds NHWC GroupNorm on CUDA in a release not known here: up to 2.14 (whose CUDA
+    library has no NHWC group-norm kernel) the table says contiguous, from 2.15 it says it
+    cannot know."""
+    def names(version):
+        return {c.name: c.writes for c in corrections_for("cuda", version) if "group_norm" in c.name}
+    assert names("2.8.0") == {"group_norm_cuda": "contiguous"}
+    assert names("2.14.1+cu130") == {"group_norm_cuda": "contiguous"}
+    assert names("2.15.0") == {"group_norm_cuda_unknown": "unknown"}
 
 
 @needs_fake_cuda

@@ -142,8 +142,13 @@ CORRECTIONS: tuple[Correction, ...] = (
     Correction("group_norm_cuda", "cuda", (aten.native_group_norm.default, aten.native_group_norm_backward.default),
                CONTIGUOUS, "aten/src/ATen/native/group_norm.cpp: is_cpu() || is_privateuseone() ? suggest : "
                "Contiguous; NHWC CUDA kernels: #126635, #140440, #191945 (merge command 2026-08-13, release "
-               "not known here)", when=channels_last_input,
-               note="until the release that ships #191945, which is to be confirmed on a GPU"),
+               "not known here); torch 2.14.1's libtorch_cuda.so has no NHWC group-norm kernel (its "
+               "group_norm_kernel.cu symbols: RowwiseMoments, ComputeFusedParams, GammaBetaBackward...)",
+               until="2.15", when=channels_last_input),
+    Correction("group_norm_cuda_unknown", "cuda", (aten.native_group_norm.default,
+                                                   aten.native_group_norm_backward.default),
+               UNKNOWN, "#191945 (NHWC GroupNorm on CUDA, merge command 2026-08-13): the first release that "
+               "ships it is not known here", since="2.15", when=channels_last_input),
     Correction("instance_norm_cuda", "cuda", (aten.instance_norm.default,), CONTIGUOUS,
                "aten/src/ATen/native/Normalization.cpp instance_norm: input.contiguous(); NHWC fix pending #194616",
                when=channels_last_input,
