@@ -42,8 +42,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-import auditor  # noqa: E402
 from op_corpus import OPS, case, disagreement  # noqa: E402
+
+import auditor  # noqa: E402
 
 MODELS = ("resnet18", "resnet50", "mobilenet_v3_small", "shufflenet_v2_x0_5", "efficientnet_b0", "densenet121")
 DRY_MODELS = ("resnet18", "shufflenet_v2_x0_5")
@@ -127,7 +128,8 @@ def part_corpus(plan: Plan) -> pd.DataFrame:
             def make(name=name):
                 model, x = case(name)
                 return model.to(plan.device), x.to(plan.device)
-            rows.append(guarded({"case": name, "precision": precision}, lambda: compare(make, plan, precision)))
+            rows.append(guarded({"case": name, "precision": precision},
+                                lambda make=make, precision=precision: compare(make, plan, precision)))
     return pd.DataFrame(rows)
 
 
@@ -136,7 +138,8 @@ def part_models(plan: Plan) -> pd.DataFrame:
     for name in plan.models:
         for precision in plan.precisions:
             rows.append(guarded({"model": name, "precision": precision},
-                                lambda: compare(lambda: build(name, plan), plan, precision)))
+                                lambda name=name, precision=precision: compare(lambda: build(name, plan), plan,
+                                                                               precision)))
     return pd.DataFrame(rows)
 
 
