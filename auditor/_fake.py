@@ -22,6 +22,7 @@ import contextlib
 
 import torch
 
+from ._recording._kernels import Restrider, corrections_for
 from ._recording._torch import (
     FakeTensor,
     FakeTensorMode,
@@ -241,11 +242,14 @@ def fake_audit(step: Step, *, device=None, dtype=None, strict: bool = False, rec
     fake_opt = _fake_optimizer(optimizer, faker, fakes) if optimizer is not None else None
 
     shim = _DeviceShim(hide=target.type in _ACCELERATORS)
+    # below the recorder: results re-laid out where the target's kernel writes another format
+    # than the meta kernel (the correction table, _recording/_kernels.py)
+    restrider = Restrider(corrections_for(target.type))
     with mode:
         accumulators = _gradient_accumulators(faker, shim)
         # fake kernels compute nothing: there is no time to record
         fa = FormatAuditor(strict=strict, record_source=record_source)
-        with fa, shim, contextlib.nullcontext() if step.backward else torch.no_grad():
+        with restrider, fa, shim, contextlib.nullcontext() if step.backward else torch.no_grad():
             output = _forward(model, fake_state, fake_inputs, fake_kwargs, is_module)
             if step.backward:
                 _backward(loss_to_backward(step.loss_fn or default_loss, output), shim, target)

@@ -7,7 +7,10 @@ the op: the op's kernels without the mode's Python, which is what ``time_us`` is
 Mode calls never nest, so those inner records, in start order, are the recorded ops in order
 (autograd's saved-variable ``detach`` reaches the mode without a record: its own ``aten::detach``
 record stands in). The ``aten::copy_`` records below an op's inner record are the data it moved
-inside its kernels (a backend's internal ``contiguous()``): its hidden conversions.
+inside its kernels (a backend's internal ``contiguous()``): its hidden conversions. On CUDA a
+library converts with device kernels of its own (cuDNN's ``nchwToNhwcKernel``): where the profiler
+records the device (``DEVICE_ACTIVITIES``), the kernels below an op whose names are in
+``CONVERSION_KERNELS`` are hidden conversions too.
 
 Only the raw event tree is walked (no ``FunctionEvent`` parsing), once, when recording ends.
 """
@@ -40,6 +43,46 @@ from ._torch import (
 )
 
 _CPU = {ProfilerActivity.CPU}
+
+#: Device kernels that convert a tensor's format, by name (a substring of the kernel's name, which
+#: cuDNN prefixes with its namespaces): name -> (from format, to format, where the name comes from).
+#: They are device kernels, not aten ops, so they show only in a profile that records the device.
+CONVERSION_KERNELS: dict[str, tuple[str, str, str]] = {
+    "nchwToNhwcKernel": ("contiguous", "channels_last",
+                         "cuDNN's layout kernel (cudnn::ops::nchwToNhwcKernel), in the traces of pytorch/pytorch#59168 "
+                         "(nnU-Net: NCHW<->NHWC at 24% of CUDA time) and InstanSeg#144 (12%)"),
+    "nhwcToNchwKernel": ("channels_last", "contiguous",
+                         "cuDNN's layout kernel (cudnn::ops::nhwcToNchwKernel), same traces: pytorch/pytorch#59168, "
+                         "InstanSeg#144"),
+    "convertTensor_kernel": ("other", "other",
+                             "cuDNN's tensor conversion kernel, about 10% of a 3-D step (auditor issue 30); its "
+                             "direction is not in its name"),
+}
+#: cuDNN's transpose kernels: a kernel whose name has both is a conversion (direction unknown);
+#: their exact names vary with cuDNN's version (auditor issue 30), to be confirmed on a GPU.
+TRANSPOSE_KERNEL = ("cudnn", "transpose")
+
+
+def conversion_kernel(name: str) -> tuple[str, str, str] | None:
+    """(from, to, source) for a device kernel that converts a format, by its name; None otherwise."""
+    if name.startswith("aten::"):
+        return None
+    for key, entry in CONVERSION_KERNELS.items():
+        if key in name:
+            return entry
+    low = name.lower()
+    if all(part in low for part in TRANSPOSE_KERNEL):
+        return ("other", "other", "a cuDNN transpose kernel (auditor issue 30)")
+    return None
+
+
+def device_activities() -> set:
+    """The profiler's activities for a timed recording: the CPU, and CUDA where a GPU is here (its
+    kernels appear below the ops that launched them)."""
+    cuda = getattr(ProfilerActivity, "CUDA", None)
+    if cuda is not None and torch.cuda.is_available():
+        return {*_CPU, cuda}
+    return set(_CPU)
 #: ops whose own job is to copy: the copy_ below them is the op itself, not a hidden conversion
 _COPY_OPS = frozenset({
     "aten::copy_", "aten::_to_copy", "aten::clone", "aten::contiguous", "aten::to", "aten::_reshape_copy",
@@ -84,9 +127,10 @@ class ProfileSession:
             return
         config = ProfilerConfig(ProfilerState.KINETO, self.record_shapes, False, False, False, False,
                                 ExperimentalConfig())
+        activities = device_activities()
         with _quiet_stderr():
-            prepare_profiler(config, _CPU)
-            enable_profiler(config, _CPU)
+            prepare_profiler(config, activities)
+            enable_profiler(config, activities)
         self.active = True
 
     def stop(self):
@@ -205,6 +249,7 @@ def join(funcs: list, failed: list[tuple[int, str]], result) -> Timing:
             if names_of is None:
                 names_of = args[id(func)] = tuple(a.name for a in op_schema(func).arguments)
             timing.hidden.extend(_hidden_copies(seq, inner, names_of, origin))
+            timing.hidden.extend(device_conversions(seq, inner, origin))
     return timing
 
 
@@ -280,6 +325,25 @@ def _hidden_copies(seq: int, inner, arg_names: tuple[str, ...], origin: int) -> 
             row[4:9] = frm, to, str(tuple(dst.sizes)), str(dst.dtype).removeprefix("torch."), \
                 nbytes(tuple(dst.sizes), dst.dtype.itemsize)
         rows.append(tuple(row))
+    return rows
+
+
+def device_conversions(seq: int, inner, origin: int) -> list[tuple]:
+    """The format-conversion device kernels below one op's inner record (CONVERSION_KERNELS), as
+    HIDDEN_COLUMNS rows of kind ``format``: their time is the kernel's on the device. The kernel
+    does not say which argument it converts (``(internal)``) nor its shape."""
+    rows = []
+    stack = [(c, ()) for c in reversed(inner.children)]
+    while stack:
+        e, path = stack.pop()
+        path = (*path, e.name.removeprefix("aten::"))
+        entry = conversion_kernel(e.name)
+        if entry is None:
+            stack.extend((c, path) for c in reversed(e.children))
+            continue
+        frm, to, _ = entry
+        rows.append((seq, " > ".join(path), "(internal)", "format", frm, to, "", "", 0,
+                     e.duration_time_ns / 1e3, (e.start_time_ns - origin) / 1e3))
     return rows
 
 

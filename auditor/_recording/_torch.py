@@ -132,6 +132,8 @@ ENTRIES: dict[str, dict[str, str]] = {
         "FakeTensor": "torch._subclasses.fake_tensor.FakeTensor",
         "FakeTensorMode": "torch._subclasses.fake_tensor.FakeTensorMode",
         "foreach_supported_devices": "torch.utils._foreach_utils._get_foreach_kernels_supported_devices",
+        # leaves fake mode for a moment: the correction table asks the real CPU kernel (_kernels)
+        "unset_fake_temporarily": "torch._subclasses.fake_tensor.unset_fake_temporarily",
     },
     "pytree": {"pytree": "torch.utils._pytree"},
     # Inductor: what torch.compile lowered, for compiled audits. Its internals change between
