@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 
 import torch
 
@@ -76,8 +77,33 @@ def audit(
     if compiled:
         return _compiled_audit(step, compile_options, record_time=record_time, strict=strict,
                                record_source=record_source, warmup=warmup)
-    step.warm_up(warmup)
-    return record_step(step, strict=strict, record_source=record_source, record_time=record_time, warmup=warmup)
+    with timing_threads(record_time) as threads:
+        step.warm_up(warmup)
+        return record_step(step, strict=strict, record_source=record_source, record_time=record_time,
+                           warmup=warmup, threads=threads)
+
+
+#: the intra-op threads a timed audit's step runs at (README, "Time")
+TIMED_THREADS = 1
+
+
+@contextmanager
+def timing_threads(record_time: bool) -> Iterator[int | None]:
+    """Inside: a timed step runs at :data:`TIMED_THREADS` intra-op threads, as ``Fixes.verify``
+    times it, and yields that count; an untimed one runs at the user's count and yields None.
+    With several OpenMP threads on a busy machine every parallel region waits for a descheduled
+    thread, and that wait shows up as op time (seconds for a 78 ms step); at one thread the
+    process CPU time the recorder takes holds. The user's count is restored on the way out,
+    whatever is raised (``KeyboardInterrupt`` included)."""
+    if not record_time:
+        yield None
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(TIMED_THREADS)
+    try:
+        yield TIMED_THREADS
+    finally:
+        torch.set_num_threads(before)
 
 
 def _check(step: Step, *, compile: bool, compiled: bool, compile_options, fake: bool, device, dtype,
@@ -124,6 +150,7 @@ def _compiled_audit(step: Step, compile_options, *, record_time: bool, strict: b
     eager = step.replace(model=original_module(model)) if is_compiled(model) else step
     compiled = record_compiled_step(step if is_compiled(model) else eager, dict(compile_options or {}),
                                     record_time=record_time)
-    eager.warm_up(warmup)
-    return record_step(eager, strict=strict, record_source=record_source, record_time=record_time, warmup=warmup,
-                       compiled=compiled)
+    with timing_threads(record_time) as threads:
+        eager.warm_up(warmup)
+        return record_step(eager, strict=strict, record_source=record_source, record_time=record_time,
+                           warmup=warmup, compiled=compiled, threads=threads)

@@ -133,11 +133,11 @@ def source_html(source) -> str:
 
 def audit_html(ops: pd.DataFrame, hot: pd.DataFrame, summary: pd.DataFrame, causes: pd.DataFrame | None = None,
                *, complete: bool = True, error: str = "", top: int = 10, depth: int = 1,
-               verified: pd.DataFrame | None = None) -> str:
-    """The report (:func:`~auditor._display._report.audit_report`) as HTML: the totals, the
-    ``top`` causes (each with its measured saving beside the estimate once ``verified``), the
-    hotspot groups and the modules at ``depth`` as tables."""
-    parts = [header_html(total_lines(ops, hot, causes, complete, error))]
+               verified: pd.DataFrame | None = None, threads: int | None = None) -> str:
+    """The report (:func:`~auditor._display._report.audit_report`) as HTML: the totals (times
+    at ``threads``), the ``top`` causes (each leading with its measured saving, the estimate
+    beside it, once ``verified``), the hotspot groups and the modules at ``depth`` as tables."""
+    parts = [header_html(total_lines(ops, hot, causes, complete, error, threads=threads, verified=verified))]
     if not len(hot):
         parts.append(_paragraph("No losses or conversions between convolutions: channels_last propagates."))
         return _block(parts)
@@ -145,16 +145,16 @@ def audit_html(ops: pd.DataFrame, hot: pd.DataFrame, summary: pd.DataFrame, caus
     if causes is not None and len(causes):
         cols = {"cause": "cause", "pattern": "pattern", "phase": "phase", "op": "op", "module": "module",
                 "module_type": "type", "source": "file:line", "hotspots": "hotspots", "bytes": "bytes"}
+        if verified is not None:  # the measured saving leads; the estimate stands beside it, labelled
+            measured = {int(r["cause"]): saving_text(r) for r in verified.to_dict("records") if r["kind"] == "fix"}
+            causes = causes.assign(measured=[measured.get(int(c), "") for c in causes["cause"]])
+            cols["measured"] = "saving, measured (verified)"
         if timed:
-            cols |= {"time_us": "time", "saving_us": "saving"}
+            cols |= {"time_us": "time", "saving_us": "saving, estimated" if verified is not None else "saving"}
             if "saving_trusted" in causes:  # an estimate it cannot stand behind is left blank, and why is said
                 causes = causes.assign(saving_us=causes["saving_us"].where(causes["saving_trusted"].astype(bool)))
                 if (causes["saving_note"].astype(str) != "").any():
-                    cols["saving_note"] = "about the saving"
-        if verified is not None:
-            measured = {int(r["cause"]): saving_text(r) for r in verified.to_dict("records") if r["kind"] == "fix"}
-            causes = causes.assign(measured=[measured.get(int(c), "") for c in causes["cause"]])
-            cols["measured"] = "measured (verified)"
+                    cols["saving_note"] = "about the estimate"
         cols["fix"] = "fix"
         order = "most time saved" if timed else "most bytes"
         parts.append(table_html(causes, columns=cols, max_rows=top, more="Audit.causes()",
