@@ -26,7 +26,7 @@ DTYPES = ("float32", "float64", "float16", "bfloat16")
 #: Every file format-audit may write into a model's folder; one of them there means an audit.
 OUTPUT_FILES = ("events.csv", "hotspots.csv", "causes.csv", "summary.csv", "coverage.csv", "report.txt",
                 "heatmap.png", "timeline.png", "fixes.txt", "fixes.patch", "verify.csv", "trace.json",
-                "conversions.csv", "graphs.csv", "compiled.csv")
+                "conversions.csv", "graphs.csv", "compiled.csv", "report.html")
 
 #: Input dimensions are indexed with 32-bit integers by many kernels, the element count with 64.
 MAX_DIM = 2**31 - 1
@@ -161,7 +161,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--depth", type=at_least("--depth"), default=1,
                    help="module depth of the summary and heatmap (default: %(default)s)")
     p.add_argument("--top", type=at_least("--top"), default=10,
-                   help="hotspot groups shown in the report (default: %(default)s)")
+                   help="causes shown in the report, each with its symptoms; the hotspot-group table shows "
+                        "as many rows (default: %(default)s)")
+    p.add_argument("--threads", type=at_least("--threads"), default=None, metavar="N",
+                   help="torch's intra-op threads for the model, the fixes' checks and everything but the timed "
+                        "steps (default: torch's own). The recorded step's times and the verification are "
+                        "always taken at one thread in process CPU time, so they hold on a busy machine")
+    p.add_argument("--html", action="store_true",
+                   help="also write report.html with --out: the report as HTML tables (with --verify, the "
+                        "measured savings first)")
     p.add_argument("--fix", action="store_true",
                    help="print the suggested fixes after the report, and write fixes.txt and fixes.patch (the "
                         "source edits as a diff) with --out (records source lines)")
@@ -206,6 +214,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     if isinstance(args, int):
         return args
-    from auditor.cli import run_parsed
-
+    try:  # importing torch takes seconds: Ctrl-C there ends the run as anywhere else, without a traceback
+        from auditor.cli import run_parsed
+    except KeyboardInterrupt:
+        sys.stderr.write("format-audit: interrupted while starting (importing torch): nothing was audited\n")
+        return EXIT_INTERRUPTED
     return run_parsed(args)

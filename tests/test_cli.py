@@ -233,7 +233,76 @@ def test_an_oserror_while_writing_is_the_out_folders_exit_2(models_file, tmp_pat
 def test_exit_130_when_interrupted(models_file, capsys, monkeypatch):
     monkeypatch.setattr(auditor, "audit", _raise(KeyboardInterrupt()))
     assert main([f"{models_file}:small", "--input", "1,3,8,8"]) == 130
-    assert _last_line(capsys.readouterr().err) == "format-audit: interrupted"
+    err = capsys.readouterr().err
+    assert _last_line(err).startswith("format-audit: interrupted before the step was recorded")
+    assert "Traceback" not in err
+
+
+def test_ctrl_c_while_verifying_writes_what_is_finished_and_says_what_is_missing(models_file, tmp_path, capsys,
+                                                                                 monkeypatch):
+    """Ctrl-C during --verify: the recording, the analysis and the fixes are written, the report
+    printed, the verification named as missing, status 130, no traceback."""
+    monkeypatch.setattr(auditor.Fixes, "verify", _raise(KeyboardInterrupt()))
+    out = tmp_path / "out"
+    status = main([f"{models_file}:small", "--input", "1,3,8,8", "--fix", "--verify", "--out", str(out),
+                   "--no-progress"])
+    assert status == 130
+    captured = capsys.readouterr()
+    last = _last_line(captured.err)
+    assert last.startswith("format-audit: interrupted while verifying fixes") and "missing: the verification" in last
+    assert "Traceback" not in captured.err and "Format audit:" in captured.out
+    for name in ("events.csv", "causes.csv", "report.txt", "fixes.txt", "fixes.patch"):
+        assert (out / name).exists(), name
+    assert not (out / "verify.csv").exists()
+
+
+def test_ctrl_c_while_importing_torch_exits_130_without_a_traceback():
+    """The first seconds: Ctrl-C while format-audit imports torch is one line and status 130."""
+    code = ("import builtins, sys, format_auditor_cli as f\n"
+            "real = builtins.__import__\n"
+            "def imp(name, *a, **k):\n"
+            "    if name == 'auditor.cli': raise KeyboardInterrupt\n"
+            "    return real(name, *a, **k)\n"
+            "builtins.__import__ = imp\n"
+            "sys.exit(f.main(['torchvision:resnet18']))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 130 and "Traceback" not in done.stderr
+    assert done.stderr.strip() == "format-audit: interrupted while starting (importing torch): nothing was audited"
+
+
+def test_threads_sets_torchs_count_and_html_writes_the_report(models_file, tmp_path, monkeypatch):
+    """--threads N sets torch's intra-op threads for the run (the timed step stays at one);
+    --html writes report.html, a page with the report's tables; --html without --out is refused."""
+    monkeypatch.setattr(torch, "set_num_threads", torch.set_num_threads)  # restored after the test
+    before = torch.get_num_threads()
+    out = tmp_path / "out"
+    try:
+        assert main([f"{models_file}:small", "--input", "1,3,8,8", "--threads", "1", "--html", "--out", str(out),
+                     "--no-progress"]) == 0
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    page = (out / "report.html").read_text()
+    assert page.startswith("<!DOCTYPE html>") and "Format audit:" in page and "<table" in page
+    assert main([f"{models_file}:small", "--html"]) == 2
+
+
+def test_help_says_what_top_limits_and_offers_threads_and_html():
+    text = " ".join(build_parser().format_help().split())
+    assert "causes shown in the report" in text and "--threads N" in text and "--html" in text
+
+
+def test_torchvision_builders_get_random_weights_offline():
+    """Every builder is called with weights=None, and with weights_backbone=None where it takes it
+    (lraspp_mobilenet_v3_large would otherwise download its backbone)."""
+    import torchvision
+
+    for name in torchvision.models.list_models():
+        kwargs = cli.random_weights(torchvision.models.get_model_builder(name))
+        assert kwargs["weights"] is None and kwargs.get("weights_backbone", None) is None
+    lraspp = torchvision.models.get_model_builder("lraspp_mobilenet_v3_large")
+    assert cli.random_weights(lraspp) == {"weights": None, "weights_backbone": None}
 
 
 # ---- flags ------------------------------------------------------------------------------------
@@ -547,3 +616,12 @@ def test_the_command_line_answers_help_and_mistakes_without_importing_torch(argv
     assert done.returncode == (0 if argv[0].startswith("--") else 2), done.stderr
     assert "torch was imported" not in done.stderr
     assert (done.stdout + done.stderr).strip()
+
+
+def test_lraspp_is_built_without_fetching_its_backbone(monkeypatch):
+    """Built offline: any download attempt fails the test."""
+    import torch.hub
+
+    monkeypatch.setattr(torch.hub, "load_state_dict_from_url", _raise(AssertionError("downloads weights")))
+    model = cli.load_model("torchvision:lraspp_mobilenet_v3_large")
+    assert isinstance(model, torch.nn.Module)
