@@ -272,14 +272,15 @@ def verified_main(args) -> int:
         r = verified_case(name)
         ratio = r["estimate_us"] / r["measured_us"] if r["measured_us"] > 0 else float("nan")
         inside = r["low_us"] <= r["estimate_us"] <= r["high_us"]
+        noise = r["low_us"] <= 0 or r["measured_us"] < JUDGED_ABOVE * r["step_us"]
         ok = r["trusted"] and r["sane"] and (LOW <= ratio <= HIGH or inside)
-        failed += not ok
+        failed += not ok and not noise
         print(f"{r['case']:<20} {r['input']:<12} audit at {r['audit_threads']} thread(s): ops {r['ops_ms']:.1f} ms "
               f"of a {r['span_ms']:.1f} ms step{'' if r['sane'] else ' (MORE THAN THE STEP)'}; estimate "
               f"{r['estimate_us'] / 1e3:.2f} ms{'' if r['trusted'] else ' (not trusted)'}; measured "
               f"{r['measured_us'] / 1e3:.2f} ms [{r['low_us'] / 1e3:.2f}, {r['high_us'] / 1e3:.2f}] of a "
               f"{r['step_us'] / 1e3:.1f} ms step ({r['verdict_fix']}); estimate/measured {ratio:.2f} "
-              f"{'PASS' if ok else 'FAIL'}")
+              f"{'within noise: shown, not judged' if noise else 'PASS' if ok else 'FAIL'}")
         for note in r["notes"]:
             print(f"    not trusted: {note}")
     print(f"load average {os.getloadavg()[0]:.2f} after")
