@@ -158,8 +158,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--record-time", action=argparse.BooleanOptionalAction, default=None,
                    help="measure each op's kernel time with torch's profiler, so causes rank by time "
                         "(default: on; fake audits have no times)")
-    p.add_argument("--depth", type=at_least("--depth"), default=1,
-                   help="module depth of the summary and heatmap (default: %(default)s)")
+    p.add_argument("--depth", type=at_least("--depth"), default=None,
+                   help="module depth of the report's modules, summary.csv, the heatmap and the timeline (default: 1 "
+                        "for the report and summary; for the plots, the shallowest depth that puts the hotspots in "
+                        "two or more modules)")
     p.add_argument("--top", type=at_least("--top"), default=10,
                    help="causes shown in the report, each with its symptoms; the hotspot-group table shows "
                         "as many rows (default: %(default)s)")

@@ -246,7 +246,7 @@ class ModelAudit:
     """One model's audit and the texts made from it, as printed and written."""
 
     audit: auditor.Audit
-    depth: int
+    depth: int | None  # None: 1 for the tables, plot.hotspot_depth for the plots
     report: str
     fixes: str | None
     trace: bool = False  # write trace.json
@@ -312,7 +312,7 @@ def audit_model(spec: str, folder: Path | None, target: Target, progress: Progre
     try:
         progress.advance(f"{name}: analysing")
         with blame(InternalError, f"analysing {spec}"):
-            done["report"] = audit.report(top=args.top, depth=args.depth)
+            done["report"] = audit.report(top=args.top, depth=args.depth or 1)
         if args.fix:
             stage = "suggesting fixes"
             progress.advance(f"{name}: suggesting fixes")
@@ -325,7 +325,8 @@ def audit_model(spec: str, folder: Path | None, target: Target, progress: Progre
                 with blame(InternalError, f"verifying the fixes of {spec}"):
                     done["verified"] = done["suggested"].verify(model, x, backward=not args.no_backward)
                 with blame(InternalError, f"analysing {spec}"):  # the measured savings lead
-                    done["report"] = audit.report(top=args.top, depth=args.depth, verification=done["verified"])
+                    done["report"] = audit.report(top=args.top, depth=args.depth or 1,
+                                                  verification=done["verified"])
     except KeyboardInterrupt:
         _interrupted(spec, folder, target, done, stage, title)
     result = _result(target, done, title)
@@ -446,12 +447,12 @@ def _writers(result: ModelAudit) -> dict[str, Callable[[Path], object]]:
         "events.csv": audit.to_csv,
         "hotspots.csv": lambda p: audit.hotspots().to_csv(p, index=False),
         "causes.csv": lambda p: audit.causes().to_csv(p, index=False),
-        "summary.csv": lambda p: audit.summary(depth).to_csv(p, index=False),
+        "summary.csv": lambda p: audit.summary(depth or 1).to_csv(p, index=False),
         "coverage.csv": lambda p: audit.coverage().to_csv(p, index=False),
         "report.txt": lambda p: p.write_text(result.report + "\n"),
         # the temporary name does not end in .png, hence the explicit format
         "heatmap.png": lambda p: plot.save(plot.heatmap(audit, depth=depth), p, format="png"),
-        "timeline.png": lambda p: plot.save(plot.format_timeline(audit), p, format="png"),
+        "timeline.png": lambda p: plot.save(plot.format_timeline(audit, depth=depth), p, format="png"),
     }
     if result.fixes is not None:
         files["fixes.txt"] = lambda p: p.write_text(result.fixes + "\n")
@@ -476,7 +477,7 @@ def html_page(result: ModelAudit) -> str:
     import html as html_escape
 
     top = result.top
-    body = result.audit.html(top=top, depth=result.depth, verification=result.verified)
+    body = result.audit.html(top=top, depth=result.depth or 1, verification=result.verified)
     if result.suggested is not None:
         body += result.suggested._repr_html_()
     return ("<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>format-audit</title>"
