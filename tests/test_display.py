@@ -309,6 +309,13 @@ def test_report_explains_the_n_a_kind(audit):
     assert re.search(r"n/a \d+ \(no image read or written, or a factory\)", report)
 
 
+def test_one_hotspot_is_singular():
+    from auditor._display._report import MODULE_COLUMNS
+
+    text = next(c for c in MODULE_COLUMNS if c.key == "hotspots").text
+    assert text(1).strip() == "1 hotspot" and text(2).strip() == "2 hotspots"
+
+
 def test_modules_share_is_of_what_they_are_ranked_by():
     """Timed, a module's share is of the hotspots' time, and says so."""
     from auditor._display._report import module_rows
@@ -363,6 +370,10 @@ def test_block_paths_show_the_values_each_numeric_part_takes():
 
     assert _block_path(["stage3.1.branch2.0", "stage3.2.branch2.0", "stage3.3.branch2.0"]) == "stage3.1–3.branch2.0"
     assert _block_path(["features.3", "features.7", "features.8"]) == "features.3,7–8"
+    # every combination a name shows is a module; where not, a later varying index is "*" (issue 29:
+    # "features.1,4–11.block.1–2.avgpool" suggested features.4.block.1.avgpool, which does not exist)
+    assert _block_path(["f.1.b.1.p", "f.1.b.2.p", "f.2.b.1.p", "f.2.b.2.p"]) == "f.1–2.b.1–2.p"
+    assert _block_path(["f.1.b.1.p", "f.4.b.2.p", "f.5.b.2.p"]) == "f.1,4–5.b.*.p"
     hot = pd.DataFrame({"phase": "forward", "module": ["stage2.1", "stage3.1", "stage3.2", "stage3.2"],
                         "op": "aten.cat.default", "kind": "converts", "source": ["f.py:1", "f.py:1", "f.py:1", "f.py:2"],
                         "cause": 1, "from_format": "a", "to_format": "b", "count": 1, "bytes": [4, 3, 2, 1]})

@@ -39,7 +39,7 @@ SYMPTOM_COLUMNS = [
 ]
 #: The modules that cost most (their time, when timed, follows).
 MODULE_COLUMNS = [
-    Column("module", width=30), Column("hotspots", text="{:>4} hotspots".format),
+    Column("module", width=30), Column("hotspots", text=lambda n: f"{n:>4} hotspot{'' if n == 1 else 's'}"),
     Column("bytes", width=9, align=">", text=format_bytes), Column("share", width=6, align=">", text="{:.1%}".format),
 ]
 
@@ -267,10 +267,21 @@ def _block_path(paths: list[str]) -> str:
         return paths[0]
     parts = [_INDEX.split(p) for p in paths]
     numbers = [_INDEX.findall(p) for p in paths]
-    text = parts[0][0]
+    values = [sorted({int(n[i]) for n in numbers}) for i in range(len(numbers[0]))]
+    combinations = 1
+    for v in values:
+        combinations *= len(v)
+    # every combination of the values shown must be a module, or the name suggests some that are
+    # not ("features.1,4–11.block.1–2" when block.2 exists in a few): then the first number that
+    # varies keeps its values and each later one that varies is "*", some index
+    whole = combinations == len(set(paths))
+    text, varied = parts[0][0], False
     for i, between in enumerate(parts[0][1:]):
-        values = sorted({int(n[i]) for n in numbers})
-        text += _runs(values) + between
+        if len(values[i]) > 1 and varied and not whole:
+            text += "*" + between
+            continue
+        varied |= len(values[i]) > 1
+        text += _runs(values[i]) + between
     return text
 
 
