@@ -379,3 +379,24 @@ def test_block_paths_show_the_values_each_numeric_part_takes():
                         "cause": 1, "from_format": "a", "to_format": "b", "count": 1, "bytes": [4, 3, 2, 1]})
     rows = combine_blocks(hot)  # a name's digits are no index; another line stays apart
     assert list(rows["module"]) == ["stage3.1–2", "stage2.1", "stage3.2"] and list(rows["groups"]) == [2, 1, 1]
+
+
+def test_the_verification_html_shows_units_and_leads_with_the_measured_saving():
+    """Issue 29: the fixes HTML showed raw microseconds ("26082.750500"): two columns shared the
+    heading "after", so one's format was lost. Every time has its unit; headings are unique."""
+    import re
+
+    from auditor._display._fixes import verification_html
+    from auditor._display._html import table_html
+
+    row = {"kind": "fix", "fix": 1, "pattern": "p", "source": "", "applied": True, "hotspots_before": 3,
+           "hotspots_after": 0, "same_outputs": True, "step_us_before": 26082.7505, "step_us_after": 24000.25,
+           "saving_us": 2082.5, "saving_low_us": 1000.0, "saving_high_us": 3000.0, "ratio": 0.92, "ratio_low": 0.88,
+           "ratio_high": 0.96, "rounds": 7, "estimated_us": 1931.5, "verdict": "helps", "reason": ""}
+    page = verification_html(pd.DataFrame([row]))
+    assert not re.findall(r">\s*-?\d+\.\d{3,}\s*<", page)
+    assert "26.08 ms" in page or "26.1 ms" in page
+    assert page.index("saving, measured") < page.index("saving, estimated")
+    with pytest.raises(ValueError, match="same heading"):
+        table_html(pd.DataFrame({"a": [1], "b": [2]}), columns={"a": "x", "b": "x"})
+    assert "anywhere" not in page  # words wrap whole, never cut mid-word

@@ -31,7 +31,7 @@ _TEXT_CSS = "text-align: left; vertical-align: top"
 _NUMBER_CSS = "text-align: right; vertical-align: top; white-space: nowrap"
 #: Prose and code wrap within these widths, so a table of three of them fits a 1400 px page.
 _PROSE_CSS = f"{_TEXT_CSS}; white-space: normal; min-width: 14em; max-width: 24em"
-_CODE_CSS = (f"{_TEXT_CSS}; white-space: pre-wrap; overflow-wrap: anywhere; min-width: 14em; max-width: 22em; "
+_CODE_CSS = (f"{_TEXT_CSS}; white-space: pre-wrap; overflow-wrap: break-word; min-width: 14em; max-width: 22em; "
              "font-family: monospace")
 
 
@@ -52,6 +52,9 @@ def table_html(frame: pd.DataFrame, *, columns: Mapping[str, str] | Sequence[str
     shown = frame if max_rows is None else frame.head(max_rows)
     names = dict(columns) if isinstance(columns, Mapping) else {c: c for c in (columns or frame.columns)}
     names = {c: n for c, n in names.items() if c in shown.columns}
+    twice = sorted({n for n in names.values() if list(names.values()).count(n) > 1})
+    if twice:  # two columns under one heading would share one format: raw numbers in one of them
+        raise ValueError(f"columns shown under the same heading: {', '.join(map(repr, twice))}")
     fmt = {**default_formats(shown), **(formats or {})}
     sources = [c for c in sources if c in names]
     view = shown[list(names)].rename(columns=names).reset_index(drop=True)  # Styler wants a unique index
@@ -100,7 +103,7 @@ def _boxed(escaped: Callable[[object], str], code: bool) -> Callable[[object], s
     font = "; font-family: monospace" if code else ""
     space = "pre-wrap" if code else "normal"
     return lambda v: (f'<div style="max-width: {width}; min-width: 14em; white-space: {space}; '
-                      f'overflow-wrap: anywhere{font}">{escaped("" if v is None else str(v))}</div>')
+                      f'overflow-wrap: break-word{font}">{escaped("" if v is None else str(v))}</div>')
 
 
 def _escaped(f: Callable | str) -> Callable[[object], str]:
@@ -110,13 +113,13 @@ def _escaped(f: Callable | str) -> Callable[[object], str]:
 
 def default_formats(frame: pd.DataFrame) -> dict[str, Callable]:
     """Formats by column name: bytes (``bytes``, ``*_bytes``, ``bytes_*``) as ``802.8 kB``,
-    times in µs (``*_us``) as ``404.7 µs``, ``share`` as a percentage."""
+    times in µs (``*_us``, ``*_us_*``) as ``404.7 µs``, ``share`` as a percentage."""
     out: dict[str, Callable] = {}
     for c in frame.columns:
         name = str(c)
         if name == "bytes" or name.endswith("_bytes") or name.startswith("bytes_"):
             out[c] = format_bytes
-        elif name.endswith("_us"):
+        elif name.endswith("_us") or "_us_" in name:  # step_us_before too
             out[c] = format_us
         elif name == "share":
             out[c] = "{:.1%}".format
