@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
@@ -211,11 +212,26 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace | int:
         return exc.status
 
 
+def quiet_device_noise(device: str | None) -> None:
+    """Keep torch's device noise out of a CPU run's output, before torch is imported: the
+    profiler's library (Kineto) writes "USDT ... profiler_start" and "ERROR ... gpuGetDeviceCount
+    failed" lines straight to stderr on a machine without a GPU, and the compiler's C++ helper
+    logs "No CUDA runtime is found". A level the user set in the environment is kept; a run on
+    a GPU (``--device cuda``) keeps them."""
+    if device is not None and not device.startswith("cpu"):
+        return
+    import logging
+
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # above FATAL: Kineto prints nothing
+    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+
+
 def main(argv: list[str] | None = None) -> int:
     """The ``format-audit`` console script: parse, then run the audit with :mod:`auditor.cli`."""
     args = parse(argv)
     if isinstance(args, int):
         return args
+    quiet_device_noise(args.device)
     try:  # importing torch takes seconds: Ctrl-C there ends the run as anywhere else, without a traceback
         from auditor.cli import run_parsed
     except KeyboardInterrupt:

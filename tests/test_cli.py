@@ -625,3 +625,19 @@ def test_lraspp_is_built_without_fetching_its_backbone(monkeypatch):
     monkeypatch.setattr(torch.hub, "load_state_dict_from_url", _raise(AssertionError("downloads weights")))
     model = cli.load_model("torchvision:lraspp_mobilenet_v3_large")
     assert isinstance(model, torch.nn.Module)
+
+
+def test_torchs_device_noise_is_kept_out_of_a_cpu_run():
+    """Issue 29: on a machine without a GPU torch's profiler library printed "USDT ...
+    profiler_start" and "ERROR ... gpuGetDeviceCount failed" into format-audit's output. The
+    CLI quiets it before torch is imported (a subprocess: the setting must precede the import)."""
+    code = ("import format_auditor_cli as f\n"
+            "f.quiet_device_noise(None)\n"
+            "import torch\n"
+            "with torch.profiler.profile():\n"
+            "    torch.randn(4, 4).sum()\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parent.parent, env={k: v for k, v in __import__("os").environ.items()
+                                                                          if k != "KINETO_LOG_LEVEL"})
+    assert done.returncode == 0
+    assert "gpuGetDeviceCount" not in done.stderr and "USDT" not in done.stderr and "ERROR" not in done.stderr
