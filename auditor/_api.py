@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 
@@ -83,6 +84,28 @@ def audit(
                            warmup=warmup, threads=threads)
 
 
+#: who is told when a compiled audit moves from compiling to recording the eager step (the CLI's
+#: progress): a callable of the stage's name, set with :func:`stages`
+_STAGE: ContextVar[Callable[[str], None] | None] = ContextVar("auditor_stage", default=None)
+
+
+@contextmanager
+def stages(tell: Callable[[str], None]) -> Iterator[None]:
+    """Inside, :func:`audit` calls ``tell("compiling")`` before a compiled audit compiles and
+    runs the compiled step, and ``tell("recording")`` before it records the eager one."""
+    token = _STAGE.set(tell)
+    try:
+        yield
+    finally:
+        _STAGE.reset(token)
+
+
+def _tell(stage: str) -> None:
+    tell = _STAGE.get()
+    if tell is not None:
+        tell(stage)
+
+
 #: the intra-op threads a timed audit's step runs at (README, "Time")
 TIMED_THREADS = 1
 
@@ -148,8 +171,10 @@ def _compiled_audit(step: Step, compile_options, *, record_time: bool, strict: b
     """The eager step recorded as usual, with what Inductor lowered for the compiled one."""
     model = step.model
     eager = step.replace(model=original_module(model)) if is_compiled(model) else step
+    _tell("compiling")
     compiled = record_compiled_step(step if is_compiled(model) else eager, dict(compile_options or {}),
                                     record_time=record_time)
+    _tell("recording")
     with timing_threads(record_time) as threads:
         eager.warm_up(warmup)
         return record_step(eager, strict=strict, record_source=record_source, record_time=record_time,

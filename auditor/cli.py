@@ -36,6 +36,7 @@ from format_auditor_cli import (
     parse,
 )
 
+from ._api import stages
 from ._display import progress
 from ._recording._files import atomic_write
 
@@ -304,8 +305,9 @@ def audit_model(spec: str, folder: Path | None, target: Target, progress: Progre
     with blame(UsageError, f"{spec} could not be loaded"):
         model = load_model(spec)
     dims = args.input or default_input(spec, args.format)
-    progress.advance(f"{name}: {'compiling and recording' if args.compile else 'recording'}")
-    audit, model, x = target.audit(spec, model, dims)
+    progress.advance(f"{name}: {'compiling' if args.compile else 'recording'}")
+    with stages(lambda stage: progress.step(f"{name}: {stage}")):  # --compile: compiling, then recording
+        audit, model, x = target.audit(spec, model, dims)
     title = target.title(spec, dims)
     done = {"audit": audit}
     stage = "analysing the audit"

@@ -641,3 +641,21 @@ def test_torchs_device_noise_is_kept_out_of_a_cpu_run():
                                                                           if k != "KINETO_LOG_LEVEL"})
     assert done.returncode == 0
     assert "gpuGetDeviceCount" not in done.stderr and "USDT" not in done.stderr and "ERROR" not in done.stderr
+
+
+def test_compile_has_a_compiling_stage_of_its_own(models_file, capsys, monkeypatch):
+    """Issue 29: with --compile the progress sat on "recording" for minutes while Inductor
+    compiled. Compiling is now a stage of its own, then the eager step is recorded."""
+    from auditor import _api
+
+    seen = []
+
+    def compiled_step(step, options=None, record_time=True):
+        seen.append("compiled")
+        return None
+
+    monkeypatch.setattr(_api, "record_compiled_step", compiled_step)
+    assert main([f"{models_file}:small", "--input", "1,3,8,8", "--compile", "--progress"]) == 0
+    err = capsys.readouterr().err
+    assert seen == ["compiled"]
+    assert err.index("small (1/1): compiling") < err.index("small (1/1): recording") < err.index("analysing")
