@@ -152,17 +152,21 @@ def _time_lines(ops: pd.DataFrame, causes, threads: int | None = None,
     measured = _measured_total(verified)
     wrong = times_note(ops)
     if wrong:
-        return [f"  time ({at}): not shown: {wrong}", *([f"  {measured}"] if measured else [])]
+        return [f"  {part}" if i == 0 else f"    {part}"
+                for paragraph in [f"time ({at}): not shown: {wrong}", *([measured] if measured else [])]
+                for i, part in enumerate(textwrap.wrap(paragraph, 114))]
     total = ops["time_us"].sum()
     hot = ops.loc[ops["hotspot"], "time_us"].sum()
     saving = (_total_saving(causes) if causes is not None and len(causes) and causes["saving_us"].notna().any()
               else "")
     if measured:
         saving = saving.replace("; fixing every cause would save about", "; estimated for every cause: about")
-    lines = [f"  time ({at}): ops {format_us(total)}, of which hotspots {format_us(hot)}"
-             + (f" ({hot / total:.1%})" if total else "") + ("" if measured else saving)]
+    head = (f"time ({at}): ops {format_us(total)}, of which hotspots {format_us(hot)}"
+            + (f" ({hot / total:.1%})" if total else "") + ("" if measured else saving))
     if measured:
-        lines.append(f"  {measured}" + (f" (estimate{saving.removeprefix(';')})" if saving else ""))
+        head += f"\n{measured}" + (f" (estimate{saving.removeprefix(';')})" if saving else "")
+    lines = [f"  {part}" if i == 0 else f"    {part}"
+             for paragraph in head.split("\n") for i, part in enumerate(textwrap.wrap(paragraph, 114))]
     if "gap_us" in ops and ops["gap_us"].notna().any():
         lines.append(f"  time outside ops (the step's Python, module calls, the autograd engine): "
                      f"{format_us(ops['gap_us'].sum())}")
