@@ -400,3 +400,21 @@ def test_the_verification_html_shows_units_and_leads_with_the_measured_saving():
     with pytest.raises(ValueError, match="same heading"):
         table_html(pd.DataFrame({"a": [1], "b": [2]}), columns={"a": "x", "b": "x"})
     assert "anywhere" not in page  # words wrap whole, never cut mid-word
+
+
+def test_conversions_only_the_compiled_step_makes_are_not_listed_as_eager_causes():
+    """Issue 29: rows marked "only compiled" sat under "Eager causes under the compiler"."""
+    from auditor._display._compiled import compiled_html, compiled_text
+
+    graphs = pd.DataFrame({"graph": [0], "phase": ["forward"], "layout_opt": [True], "kernels": [3],
+                           "conversions": [1], "time_us": [10.0], "layout_opt_reason": [""], "output_code": [""]})
+    conv = pd.DataFrame(columns=["phase", "kernel", "from_format", "to_format", "bytes", "time_us", "source", "reason",
+                                 "weight", "note"])
+    compared = pd.DataFrame({"cause": [1, float("nan")], "phase": ["forward", "forward"], "pattern": ["p", ""],
+                             "source": ["a.py:1", ""], "status": ["removed by the compiler", "only compiled"],
+                             "kernel": ["", "triton_poi_0"]})
+    text = compiled_text(graphs, conv, compared)
+    eager, only = text.split("Conversions only the compiled step makes (no eager cause):")
+    assert "only compiled" not in eager.split("Eager causes under the compiler:")[1] and "only compiled" in only
+    page = compiled_html(graphs, conv, compared)
+    assert page.index("Eager causes under the compiler") < page.index("Conversions only the compiled step makes")
