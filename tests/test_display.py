@@ -73,7 +73,7 @@ def test_audit_html_is_tables_of_causes_groups_and_modules(audit, at_root):
     assert out.count("<table") == 3
     causes = out[out.index("<table"):out.index("</table>")]
     assert "Causes, most bytes first (1)" in causes
-    assert "<td" in causes and "aten._softmax.default" in causes and "no_cl_kernel" in causes
+    assert "<td" in causes and ">_softmax<" in causes and "no_cl_kernel" in causes
     assert ">20.5 kB<" in causes  # written as the report writes it
     assert f"Format audit: {len(audit.events)} aten ops" in out.split("<table")[0]
 

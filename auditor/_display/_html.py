@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import pandas as pd
 
 from ._report import combine_blocks, module_rows, total_lines
-from ._text import saving_text, short_source
+from ._text import measured_short, saving_text, short_source
 from ._units import format_bytes, format_us
 
 #: Modules shown under the causes and hotspot groups (as many as the text report shows).
@@ -123,7 +123,15 @@ def default_formats(frame: pd.DataFrame) -> dict[str, Callable]:
             out[c] = format_us
         elif name == "share":
             out[c] = "{:.1%}".format
+        elif name == "op":  # "convolution_backward", not "aten.convolution_backward.default": tables fit 1400 px
+            out[c] = short_op
     return out
+
+
+def short_op(op) -> str:
+    """An aten op's name as a table shows it: without ``aten.`` and the ``.default`` overload."""
+    text = "" if op is None else str(op)
+    return text.removeprefix("aten.").removesuffix(".default")
 
 
 def source_html(source) -> str:
@@ -149,7 +157,7 @@ def audit_html(ops: pd.DataFrame, hot: pd.DataFrame, summary: pd.DataFrame, caus
         cols = {"cause": "cause", "pattern": "pattern", "phase": "phase", "op": "op", "module": "module",
                 "module_type": "type", "source": "file:line", "hotspots": "hotspots", "bytes": "bytes"}
         if verified is not None:  # the measured saving leads; the estimate stands beside it, labelled
-            measured = {int(r["cause"]): saving_text(r) for r in verified.to_dict("records") if r["kind"] == "fix"}
+            measured = {int(r["cause"]): measured_short(r) for r in verified.to_dict("records") if r["kind"] == "fix"}
             causes = causes.assign(measured=[measured.get(int(c), "") for c in causes["cause"]])
             cols["measured"] = "saving, measured (verified)"
         if timed:

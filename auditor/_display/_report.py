@@ -164,7 +164,8 @@ def _time_lines(ops: pd.DataFrame, causes, threads: int | None = None,
     head = (f"time ({at}): ops {format_us(total)}, of which hotspots {format_us(hot)}"
             + (f" ({hot / total:.1%})" if total else "") + ("" if measured else saving))
     if measured:
-        head += f"\n{measured}" + (f" (estimate{saving.removeprefix(';')})" if saving else "")
+        estimate = saving.removeprefix("; estimated for every cause: ").removeprefix("; ")
+        head += f"\n{measured}" + (f" (estimated: {estimate})" if estimate else "")
     lines = [f"  {part}" if i == 0 else f"    {part}"
              for paragraph in head.split("\n") for i, part in enumerate(textwrap.wrap(paragraph, 114))]
     if "gap_us" in ops and ops["gap_us"].notna().any():
