@@ -281,7 +281,7 @@ def test_numbers_are_right_aligned_and_narrow_and_prose_wraps_within_a_width():
         td, _ = _css(out, heading)
         assert "max-width" in td
     assert "pre-wrap" in _css(out, "line")[0]  # a multi-line statement keeps its lines
-    assert out.count("<div style=\"max-width: 22em") == 1 and out.count("<div style=\"max-width: 24em") == 1
+    assert out.count("<div style=\"max-width: 16em") == 2  # the line and the detail, each in a box
 
 
 def test_fixes_table_fix_number_is_right_aligned_and_its_code_left(audit):

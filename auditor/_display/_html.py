@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import pandas as pd
 
 from ._report import combine_blocks, module_rows, total_lines
-from ._text import measured_short, saving_text, short_source
+from ._text import measured_short, short_source
 from ._units import format_bytes, format_us
 
 #: Modules shown under the causes and hotspot groups (as many as the text report shows).
@@ -30,8 +30,8 @@ CODE_COLUMNS = ("suggestion", "line")
 _TEXT_CSS = "text-align: left; vertical-align: top"
 _NUMBER_CSS = "text-align: right; vertical-align: top; white-space: nowrap"
 #: Prose and code wrap within these widths, so a table of three of them fits a 1400 px page.
-_PROSE_CSS = f"{_TEXT_CSS}; white-space: normal; min-width: 14em; max-width: 24em"
-_CODE_CSS = (f"{_TEXT_CSS}; white-space: pre-wrap; overflow-wrap: break-word; min-width: 14em; max-width: 22em; "
+_PROSE_CSS = f"{_TEXT_CSS}; white-space: normal; min-width: 10em; max-width: 16em"
+_CODE_CSS = (f"{_TEXT_CSS}; white-space: pre-wrap; overflow-wrap: break-word; min-width: 10em; max-width: 16em; "
              "font-family: monospace")
 
 
@@ -99,10 +99,10 @@ def column_css(values: pd.Series, name: str, *, sources: bool = False, formatted
 
 def _boxed(escaped: Callable[[object], str], code: bool) -> Callable[[object], str]:
     """A cell formatter that puts the escaped text in a block that wraps within its width."""
-    width = "22em" if code else "24em"
+    width = "16em"  # three such columns beside a fix table's others fit a 1400 px page
     font = "; font-family: monospace" if code else ""
     space = "pre-wrap" if code else "normal"
-    return lambda v: (f'<div style="max-width: {width}; min-width: 14em; white-space: {space}; '
+    return lambda v: (f'<div style="max-width: {width}; min-width: 10em; white-space: {space}; '
                       f'overflow-wrap: break-word{font}">{escaped("" if v is None else str(v))}</div>')
 
 
