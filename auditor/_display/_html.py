@@ -68,7 +68,7 @@ def table_html(frame: pd.DataFrame, *, columns: Mapping[str, str] | Sequence[str
         styler = styler.format(formatted, subset=list(formatted), na_rep="-")
     if sources:
         styler = styler.format(source_html, subset=[names[c] for c in sources])
-    css = {n: column_css(shown[c], c, sources=c in sources, formatted=c in fmt) for c, n in names.items()}
+    css = {n: column_css(shown[c], c, sources=c in sources, formatted=c in fmt and c != "op") for c, n in names.items()}
     styler = styler.set_table_styles(css, overwrite=False)
     if caption:
         styler = styler.set_caption(html.escape(caption))
