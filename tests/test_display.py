@@ -418,3 +418,13 @@ def test_conversions_only_the_compiled_step_makes_are_not_listed_as_eager_causes
     assert "only compiled" not in eager.split("Eager causes under the compiler:")[1] and "only compiled" in only
     page = compiled_html(graphs, conv, compared)
     assert page.index("Eager causes under the compiler") < page.index("Conversions only the compiled step makes")
+
+
+def test_a_long_dotted_name_may_wrap_at_its_dots_and_nothing_else_is_cut():
+    """A fix's "use torch.nn.functional.channel_shuffle(x, groups)" ran off a 1400 px page: a
+    long dotted name gets break points after its dots; short ones and numbers are left whole."""
+    from auditor._display._html import _break_paths
+
+    out = _break_paths("use torch.nn.functional.channel_shuffle(x, groups) in 1.25 ms (Fixes.patch() here)")
+    assert "torch.<wbr>nn.<wbr>functional.<wbr>channel_shuffle(x," in out
+    assert "1.25 ms" in out and "(Fixes.patch()" in out

@@ -10,6 +10,7 @@ object uses.
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import pandas as pd
@@ -103,7 +104,21 @@ def _boxed(escaped: Callable[[object], str], code: bool) -> Callable[[object], s
     font = "; font-family: monospace" if code else ""
     space = "pre-wrap" if code else "normal"
     return lambda v: (f'<div style="max-width: {width}; min-width: 10em; white-space: {space}; '
-                      f'overflow-wrap: break-word{font}">{escaped("" if v is None else str(v))}</div>')
+                      f'overflow-wrap: break-word{font}">{_break_paths(escaped("" if v is None else str(v)))}</div>')
+
+
+#: a dot between two parts of a dotted name (``torch.nn.functional``), not in a number
+_NAME_DOT = re.compile(r"(?<=[A-Za-z_)])\.(?=[A-Za-z_])")
+
+
+def _break_paths(text: str) -> str:
+    """Escaped text in which a long dotted name may wrap after its dots (``torch.nn.<wbr>
+    functional.<wbr>channel_shuffle``), so a cell of a fixed width fits it without cutting a word."""
+    return _LONG_TOKEN.sub(lambda m: _NAME_DOT.sub(".<wbr>", m.group(0)), text)
+
+
+#: a token too long for a 10em column: only these get break points
+_LONG_TOKEN = re.compile(r"[^\s<>]{25,}")
 
 
 def _escaped(f: Callable | str) -> Callable[[object], str]:
