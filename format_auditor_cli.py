@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
@@ -26,7 +27,7 @@ DTYPES = ("float32", "float64", "float16", "bfloat16")
 #: Every file format-audit may write into a model's folder; one of them there means an audit.
 OUTPUT_FILES = ("events.csv", "hotspots.csv", "causes.csv", "summary.csv", "coverage.csv", "report.txt",
                 "heatmap.png", "timeline.png", "fixes.txt", "fixes.patch", "verify.csv", "trace.json",
-                "conversions.csv", "graphs.csv", "compiled.csv")
+                "conversions.csv", "graphs.csv", "compiled.csv", "report.html")
 
 #: Input dimensions are indexed with 32-bit integers by many kernels, the element count with 64.
 MAX_DIM = 2**31 - 1
@@ -158,10 +159,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--record-time", action=argparse.BooleanOptionalAction, default=None,
                    help="measure each op's kernel time with torch's profiler, so causes rank by time "
                         "(default: on; fake audits have no times)")
-    p.add_argument("--depth", type=at_least("--depth"), default=1,
-                   help="module depth of the summary and heatmap (default: %(default)s)")
+    p.add_argument("--depth", type=at_least("--depth"), default=None,
+                   help="module depth of the report's modules, summary.csv, the heatmap and the timeline (default: 1 "
+                        "for the report and summary; for the plots, the shallowest depth that puts the hotspots in "
+                        "two or more modules)")
     p.add_argument("--top", type=at_least("--top"), default=10,
-                   help="hotspot groups shown in the report (default: %(default)s)")
+                   help="causes shown in the report, each with its symptoms; the hotspot-group table shows "
+                        "as many rows (default: %(default)s)")
+    p.add_argument("--threads", type=at_least("--threads"), default=None, metavar="N",
+                   help="torch's intra-op threads for the model, the fixes' checks and everything but the timed "
+                        "steps (default: torch's own). The recorded step's times and the verification are "
+                        "always taken at one thread in process CPU time, so they hold on a busy machine")
+    p.add_argument("--html", action="store_true",
+                   help="also write report.html with --out: the report as HTML tables (with --verify, the "
+                        "measured savings first)")
     p.add_argument("--fix", action="store_true",
                    help="print the suggested fixes after the report, and write fixes.txt and fixes.patch (the "
                         "source edits as a diff) with --out (records source lines)")
@@ -201,11 +212,29 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace | int:
         return exc.status
 
 
+def quiet_device_noise(device: str | None) -> None:
+    """Keep torch's device noise out of a CPU run's output, before torch is imported: the
+    profiler's library (Kineto) writes "USDT ... profiler_start" and "ERROR ... gpuGetDeviceCount
+    failed" lines straight to stderr on a machine without a GPU, and the compiler's C++ helper
+    logs "No CUDA runtime is found". A level the user set in the environment is kept; a run on
+    a GPU (``--device cuda``) keeps them."""
+    if device is not None and not device.startswith("cpu"):
+        return
+    import logging
+
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # above FATAL: Kineto prints nothing
+    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+
+
 def main(argv: list[str] | None = None) -> int:
     """The ``format-audit`` console script: parse, then run the audit with :mod:`auditor.cli`."""
     args = parse(argv)
     if isinstance(args, int):
         return args
-    from auditor.cli import run_parsed
-
+    quiet_device_noise(args.device)
+    try:  # importing torch takes seconds: Ctrl-C there ends the run as anywhere else, without a traceback
+        from auditor.cli import run_parsed
+    except KeyboardInterrupt:
+        sys.stderr.write("format-audit: interrupted while starting (importing torch): nothing was audited\n")
+        return EXIT_INTERRUPTED
     return run_parsed(args)

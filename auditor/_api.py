@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 
@@ -76,8 +78,55 @@ def audit(
     if compiled:
         return _compiled_audit(step, compile_options, record_time=record_time, strict=strict,
                                record_source=record_source, warmup=warmup)
-    step.warm_up(warmup)
-    return record_step(step, strict=strict, record_source=record_source, record_time=record_time, warmup=warmup)
+    with timing_threads(record_time) as threads:
+        step.warm_up(warmup)
+        return record_step(step, strict=strict, record_source=record_source, record_time=record_time,
+                           warmup=warmup, threads=threads)
+
+
+#: who is told when a compiled audit moves from compiling to recording the eager step (the CLI's
+#: progress): a callable of the stage's name, set with :func:`stages`
+_STAGE: ContextVar[Callable[[str], None] | None] = ContextVar("auditor_stage", default=None)
+
+
+@contextmanager
+def stages(tell: Callable[[str], None]) -> Iterator[None]:
+    """Inside, :func:`audit` calls ``tell("compiling")`` before a compiled audit compiles and
+    runs the compiled step, and ``tell("recording")`` before it records the eager one."""
+    token = _STAGE.set(tell)
+    try:
+        yield
+    finally:
+        _STAGE.reset(token)
+
+
+def _tell(stage: str) -> None:
+    tell = _STAGE.get()
+    if tell is not None:
+        tell(stage)
+
+
+#: the intra-op threads a timed audit's step runs at (README, "Time")
+TIMED_THREADS = 1
+
+
+@contextmanager
+def timing_threads(record_time: bool) -> Iterator[int | None]:
+    """Inside: a timed step runs at :data:`TIMED_THREADS` intra-op threads, as ``Fixes.verify``
+    times it, and yields that count; an untimed one runs at the user's count and yields None.
+    With several OpenMP threads on a busy machine every parallel region waits for a descheduled
+    thread, and that wait shows up as op time (seconds for a 78 ms step); at one thread the
+    process CPU time the recorder takes holds. The user's count is restored on the way out,
+    whatever is raised (``KeyboardInterrupt`` included)."""
+    if not record_time:
+        yield None
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(TIMED_THREADS)
+    try:
+        yield TIMED_THREADS
+    finally:
+        torch.set_num_threads(before)
 
 
 def _check(step: Step, *, compile: bool, compiled: bool, compile_options, fake: bool, device, dtype,
@@ -122,8 +171,11 @@ def _compiled_audit(step: Step, compile_options, *, record_time: bool, strict: b
     """The eager step recorded as usual, with what Inductor lowered for the compiled one."""
     model = step.model
     eager = step.replace(model=original_module(model)) if is_compiled(model) else step
+    _tell("compiling")
     compiled = record_compiled_step(step if is_compiled(model) else eager, dict(compile_options or {}),
                                     record_time=record_time)
-    eager.warm_up(warmup)
-    return record_step(eager, strict=strict, record_source=record_source, record_time=record_time, warmup=warmup,
-                       compiled=compiled)
+    _tell("recording")
+    with timing_threads(record_time) as threads:
+        eager.warm_up(warmup)
+        return record_step(eager, strict=strict, record_source=record_source, record_time=record_time,
+                           warmup=warmup, compiled=compiled, threads=threads)

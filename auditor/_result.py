@@ -34,16 +34,20 @@ class Audit:
         warmup: the unrecorded steps :func:`auditor.audit` ran before the recorded one (None: not
             known, as for a ``FormatAuditor`` or a log read back); at 0 the times may be those of
             the first step in the process, and the causes' estimates say so.
+        threads: the intra-op threads the recorded step's times were taken at: 1 for a timed
+            :func:`auditor.audit` (as ``Fixes.verify`` times), None where the audit did not set
+            it (a ``FormatAuditor`` runs at the caller's count, an untimed audit, a log read back).
         compiled: what Inductor lowered, for an audit made with ``compile=True``
             (:class:`CompiledStep`: ``conversions()``, ``graphs()``, ``kernels()``,
             ``to_csv()``); ``events`` and the causes are then the eager step's. None for an
             eager audit.
     """
 
-    __slots__ = ("_events", "_tensors", "_hidden", "_complete", "_error", "_warmup", "_compiled", "_analysis")
+    __slots__ = ("_events", "_tensors", "_hidden", "_complete", "_error", "_warmup", "_compiled", "_threads", "_analysis")
 
     def __init__(self, events: pd.DataFrame, tensors: pd.DataFrame, *, complete: bool = True, error: str = "",
-                 hidden: pd.DataFrame | None = None, warmup: int | None = None, compiled: CompiledStep | None = None):
+                 hidden: pd.DataFrame | None = None, warmup: int | None = None, compiled: CompiledStep | None = None,
+                 threads: int | None = None):
         self._events = events
         self._tensors = tensors
         self._hidden = hidden if hidden is not None else log.hidden_frame()
@@ -51,6 +55,7 @@ class Audit:
         self._error = error
         self._warmup = warmup
         self._compiled = compiled
+        self._threads = threads
         self._analysis: Analysis | None = None
 
     events = property(lambda self: self._events, doc="One row per aten op call (schema in the README).")
@@ -62,6 +67,8 @@ class Audit:
     error = property(lambda self: self._error, doc="The exception that ended an incomplete recording, as text.")
     warmup = property(lambda self: self._warmup,
                       doc="The unrecorded steps run before the recorded one (None: not known).")
+    threads = property(lambda self: self._threads,
+                       doc="The intra-op threads the step's times were taken at (None: not set by the audit).")
     compiled = property(lambda self: self._compiled,
                         doc="What Inductor lowered (a ``CompiledStep``) for a compiled audit, else None.")
 
@@ -72,11 +79,12 @@ class Audit:
         return cls(events, tensors, complete=raw.complete, error=raw.error, hidden=log.build_hidden(raw),
                    warmup=warmup, compiled=compiled)
 
-    def _with(self, *, warmup: int | None = None, compiled: CompiledStep | None = None) -> Audit:
-        """This log as a new Audit that also knows its warm-up and compiled step: how a step's
-        recording (:mod:`auditor._session`) is finished by the one who ran the step."""
+    def _with(self, *, warmup: int | None = None, compiled: CompiledStep | None = None,
+              threads: int | None = None) -> Audit:
+        """This log as a new Audit that also knows its warm-up, thread count and compiled step:
+        how a step's recording (:mod:`auditor._session`) is finished by the one who ran the step."""
         return Audit(self._events, self._tensors, complete=self._complete, error=self._error, hidden=self._hidden,
-                     warmup=warmup, compiled=compiled)
+                     warmup=warmup, compiled=compiled, threads=threads)
 
     # -- persistence -----------------------------------------------------------------------
     def to_csv(self, path_or_buf=None):
@@ -152,7 +160,7 @@ class Audit:
         compiled step. ``verification``: ``Fixes.verify()``'s table, whose measured savings are
         shown beside the estimates."""
         text = audit_report(self.ops(), self.hotspots(), self.summary(depth), self.causes(), complete=self.complete,
-                            error=self.error, top=top, depth=depth, verified=verification)
+                            error=self.error, top=top, depth=depth, verified=verification, threads=self.threads)
         if self.compiled is not None:
             text += "\n\n" + compiled_text(*compiled_report_tables(self.compiled, self.causes()), top=top)
         return text
@@ -161,7 +169,7 @@ class Audit:
         """The report as HTML tables, as a notebook shows the audit (``IPython.display.HTML``
         shows this one): with ``verification``, the measured savings beside the estimates."""
         html = audit_html(self.ops(), self.hotspots(), self.summary(depth), self.causes(), complete=self.complete,
-                          error=self.error, top=top, depth=depth, verified=verification)
+                          error=self.error, top=top, depth=depth, verified=verification, threads=self.threads)
         if self.compiled is not None:
             html += compiled_html(*compiled_report_tables(self.compiled, self.causes()), top=top)
         return html

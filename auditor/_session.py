@@ -179,14 +179,15 @@ def _leave(mode: RecorderMode, exc_type=None, exc=None, tb=None) -> None:
 
 
 def record_step(step: Step, *, strict: bool = False, record_source: bool = False, record_time: bool = False,
-                warmup: int | None = None, compiled=None) -> Audit:
+                warmup: int | None = None, compiled=None, threads: int | None = None) -> Audit:
     """``step`` run once under a :class:`FormatAuditor`; the Audit knows the ``warmup`` steps run
-    before it and, for a compiled audit, the ``compiled`` step (a ``CompiledStep``). Exceptions
-    from the model propagate."""
+    before it, the intra-op ``threads`` its times were taken at (None: not fixed by the audit)
+    and, for a compiled audit, the ``compiled`` step (a ``CompiledStep``). Exceptions from the
+    model propagate."""
     fa = FormatAuditor(strict=strict, record_source=record_source, record_time=record_time)
     with fa:
         step.run()
-    return fa.audit._with(warmup=warmup, compiled=compiled)
+    return fa.audit._with(warmup=warmup, compiled=compiled, threads=threads)
 
 
 def record_compiled_step(step: Step, compile_options: dict | None = None, record_time: bool = True):

@@ -36,6 +36,7 @@ from format_auditor_cli import (
     parse,
 )
 
+from ._api import stages
 from ._display import progress
 from ._recording._files import atomic_write
 
@@ -91,11 +92,25 @@ def _torchvision_model(name: str) -> torch.nn.Module:
     import torchvision
 
     try:
-        return torchvision.models.get_model(name, weights=None)
+        builder = torchvision.models.get_model_builder(name)
+    except ValueError:
+        raise UsageError(f"unknown torchvision model {name!r}") from None
+    try:  # random weights, offline: a segmentation or detection builder would fetch its backbone's
+        return builder(**random_weights(builder))
     except ValueError:
         raise UsageError(f"unknown torchvision model {name!r}") from None
     except Exception as exc:  # building the model itself failed
         raise UsageError(f"torchvision model {name!r} could not be built: {one_line(exc)}") from exc
+
+
+def random_weights(builder: Callable) -> dict:
+    """The arguments that build a torchvision model with random weights and fetch nothing:
+    ``weights=None``, and ``weights_backbone=None`` where the builder takes it (lraspp, deeplab,
+    fcn, the detectors default to downloading their backbone's weights)."""
+    import inspect
+
+    params = inspect.signature(builder).parameters
+    return {"weights": None, **({"weights_backbone": None} if "weights_backbone" in params else {})}
 
 
 def _timm_model(name: str) -> torch.nn.Module:
@@ -232,23 +247,47 @@ class ModelAudit:
     """One model's audit and the texts made from it, as printed and written."""
 
     audit: auditor.Audit
-    depth: int
+    depth: int | None  # None: 1 for the tables, plot.hotspot_depth for the plots
     report: str
     fixes: str | None
     trace: bool = False  # write trace.json
     suggested: auditor.Fixes | None = None  # with --fix: writes fixes.patch
     verified: object = None  # with --verify: Fixes.verify()'s table, written as verify.csv
+    html: bool = False  # write report.html
+    top: int = 10
+    title: str = ""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C after some of a model's stages finished: ``written`` is what was saved of them,
+    ``missing`` what the run did not get to; ``text`` the part of the report that is done."""
+
+    def __init__(self, stage: str, written: list[Path], missing: list[str], text: str = ""):
+        super().__init__(stage)
+        self.stage, self.written, self.missing, self.text = stage, written, missing, text
+
+    def line(self) -> str:
+        wrote = f"wrote {', '.join(str(p) for p in self.written)}" if self.written else "wrote nothing"
+        return (f"interrupted while {self.stage}: {wrote}"
+                + (f"; missing: {', '.join(self.missing)}" if self.missing else ""))
 
 
 def run(args: argparse.Namespace) -> int:
     """Every model in turn; a failure stops the run and reaches :func:`main` as an exception."""
     target = Target.from_args(args)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     folders = prepare_out(args.out, args.models, args.force)
     bar = Progress(len(args.models) * stages_per_model(args), enabled=args.progress)
     texts = []
     try:
         for i, (spec, folder) in enumerate(zip(args.models, folders), 1):
-            texts.append(audit_model(spec, folder, target, bar, f"({i}/{len(args.models)})"))
+            try:
+                texts.append(audit_model(spec, folder, target, bar, f"({i}/{len(args.models)})"))
+            except Interrupted as stop:
+                if stop.text:
+                    texts.append(stop.text)
+                raise
     finally:  # what finished is printed even when a later model fails
         bar.close()
         if texts:
@@ -258,32 +297,42 @@ def run(args: argparse.Namespace) -> int:
 
 def audit_model(spec: str, folder: Path | None, target: Target, progress: Progress, count: str = "") -> str:
     """Build, audit, analyse and write one model; the text to print for it. ``count`` says
-    which model of the run this is (``(2/3)``), for the progress lines."""
+    which model of the run this is (``(2/3)``), for the progress lines. Ctrl-C after the step
+    was recorded writes what is finished into ``folder`` and raises :class:`Interrupted`."""
     args = target.args
     name = f"{spec.rpartition(':')[2]} {count}".rstrip()
     progress.step(f"{name}: building")
     with blame(UsageError, f"{spec} could not be loaded"):
         model = load_model(spec)
     dims = args.input or default_input(spec, args.format)
-    progress.advance(f"{name}: recording")
-    audit, model, x = target.audit(spec, model, dims)
-    progress.advance(f"{name}: analysing")
-    with blame(InternalError, f"analysing {spec}"):
-        report = audit.report(top=args.top, depth=args.depth)
-    fixes, suggested, verified = None, None, None
-    if args.fix:
-        progress.advance(f"{name}: suggesting fixes")
+    progress.advance(f"{name}: {'compiling' if args.compile else 'recording'}")
+    with stages(lambda stage: progress.step(f"{name}: {stage}")):  # --compile: compiling, then recording
+        audit, model, x = target.audit(spec, model, dims)
+    title = target.title(spec, dims)
+    done = {"audit": audit}
+    stage = "analysing the audit"
+    try:
+        progress.advance(f"{name}: analysing")
         with blame(InternalError, f"analysing {spec}"):
-            suggested = auditor.suggest_fixes(audit)
-        if args.verify:
-            progress.advance(f"{name}: verifying fixes")
-            with blame(InternalError, f"verifying the fixes of {spec}"):
-                verified = suggested.verify(model, x, backward=not args.no_backward)
+            done["report"] = audit.report(top=args.top, depth=args.depth or 1)
+        if args.fix:
+            stage = "suggesting fixes"
+            progress.advance(f"{name}: suggesting fixes")
             with blame(InternalError, f"analysing {spec}"):
-                report = audit.report(top=args.top, depth=args.depth, verification=verified)  # measured savings
-        fixes = str(suggested)
-    result = ModelAudit(audit, args.depth, report, fixes, args.trace, suggested, verified)
-    text = target.title(spec, dims) + "\n" + "\n\n".join(t for t in (report, fixes) if t is not None)
+                done["suggested"] = auditor.suggest_fixes(audit)
+            done["fixes"] = str(done["suggested"])
+            if args.verify:
+                stage = "verifying fixes"
+                progress.advance(f"{name}: verifying fixes")
+                with blame(InternalError, f"verifying the fixes of {spec}"):
+                    done["verified"] = done["suggested"].verify(model, x, backward=not args.no_backward)
+                with blame(InternalError, f"analysing {spec}"):  # the measured savings lead
+                    done["report"] = audit.report(top=args.top, depth=args.depth or 1,
+                                                  verification=done["verified"])
+    except KeyboardInterrupt:
+        _interrupted(spec, folder, target, done, stage, title)
+    result = _result(target, done, title)
+    text = title + "\n" + "\n\n".join(t for t in (result.report, result.fixes) if t is not None)
     if folder is not None:
         progress.advance(f"{name}: writing files")
         with blame(InternalError, f"writing the files of {spec}"):
@@ -291,6 +340,34 @@ def audit_model(spec: str, folder: Path | None, target: Target, progress: Progre
         text += "\n\nWrote: " + ", ".join(str(p) for p in written)
     progress.advance(f"{name}: done")
     return text
+
+
+def _result(target: Target, done: dict, title: str = "") -> ModelAudit:
+    args = target.args
+    return ModelAudit(done["audit"], args.depth, done.get("report"), done.get("fixes"), trace=args.trace,
+                      suggested=done.get("suggested"), verified=done.get("verified"), html=args.html, top=args.top,
+                      title=title)
+
+
+def _interrupted(spec: str, folder: Path | None, target: Target, done: dict, stage: str, title: str):
+    """Ctrl-C during ``stage``: write the finished parts of this model's audit (the event log
+    always, the report and the tables once analysed, the fixes once suggested), then raise
+    :class:`Interrupted` saying what is missing. A second Ctrl-C while writing is not caught."""
+    args = target.args
+    stages = (("the analysis (report, tables, plots)", "report", True), ("the fixes", "suggested", args.fix),
+              ("the verification", "verified", args.fix and args.verify))
+    missing = [what for what, key, wanted in stages if wanted and key not in done]
+    written: list[Path] = []
+    if folder is not None:
+        result = _result(target, done, title)
+        if result.report is None:  # not analysed: the event log alone, which Audit.read_csv reads back
+            atomic_write(folder / "events.csv", result.audit.to_csv)
+            written = [folder / "events.csv"]
+        else:
+            written = write_outputs(result, folder)
+    text = title + "\n" + "\n\n".join(t for t in (done.get("report"), done.get("fixes")) if t is not None) \
+        if "report" in done else ""
+    raise Interrupted(f"{stage} for {spec}", written, missing, text)
 
 
 class Target:
@@ -308,6 +385,8 @@ class Target:
         """The checks that need several flags at once; each flag alone was checked by the parser."""
         if args.trace and args.out is None:
             raise UsageError("--trace writes trace.json into the --out folder: give --out DIR too")
+        if args.html and args.out is None:
+            raise UsageError("--html writes report.html into the --out folder: give --out DIR too")
         if args.fake and args.record_time:
             raise UsageError("--record-time: fake tensors run no kernels, so a fake audit has no times")
         if args.verify and not args.fix:
@@ -370,12 +449,12 @@ def _writers(result: ModelAudit) -> dict[str, Callable[[Path], object]]:
         "events.csv": audit.to_csv,
         "hotspots.csv": lambda p: audit.hotspots().to_csv(p, index=False),
         "causes.csv": lambda p: audit.causes().to_csv(p, index=False),
-        "summary.csv": lambda p: audit.summary(depth).to_csv(p, index=False),
+        "summary.csv": lambda p: audit.summary(depth or 1).to_csv(p, index=False),
         "coverage.csv": lambda p: audit.coverage().to_csv(p, index=False),
         "report.txt": lambda p: p.write_text(result.report + "\n"),
         # the temporary name does not end in .png, hence the explicit format
         "heatmap.png": lambda p: plot.save(plot.heatmap(audit, depth=depth), p, format="png"),
-        "timeline.png": lambda p: plot.save(plot.format_timeline(audit), p, format="png"),
+        "timeline.png": lambda p: plot.save(plot.format_timeline(audit, depth=depth), p, format="png"),
     }
     if result.fixes is not None:
         files["fixes.txt"] = lambda p: p.write_text(result.fixes + "\n")
@@ -385,11 +464,29 @@ def _writers(result: ModelAudit) -> dict[str, Callable[[Path], object]]:
         files["verify.csv"] = lambda p: result.verified.to_csv(p, index=False)
     if result.trace:
         files["trace.json"] = audit.export_chrome_trace
+    if result.html and result.report is not None:
+        files["report.html"] = lambda p: p.write_text(html_page(result))
     if audit.compiled is not None:
         files["conversions.csv"] = lambda p: audit.compiled.conversions().to_csv(p, index=False)
         files["graphs.csv"] = lambda p: audit.compiled.graphs().to_csv(p, index=False)
         files["compiled.csv"] = audit.compiled.to_csv
     return files
+
+
+def html_page(result: ModelAudit) -> str:
+    """``report.html``: the audit's HTML (measured savings first once verified) and, with
+    --fix, the fixes' HTML, as one page a browser opens."""
+    import html as html_escape
+
+    top = result.top
+    body = result.audit.html(top=top, depth=result.depth or 1, verification=result.verified)
+    if result.suggested is not None:
+        body += result.suggested._repr_html_()
+    return ("<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>format-audit</title>"
+            "<style>body{font-family:sans-serif;margin:1.5em;max-width:1400px}"
+            "table{border-collapse:collapse;margin:0.6em 0}td,th{border:1px solid #ccc;padding:2px 6px;"
+            "vertical-align:top}caption{text-align:left;font-weight:bold}</style></head><body>"
+            f"<h2>{html_escape.escape(result.title)}</h2>{body}</body></html>\n")
 
 
 def write_outputs(result: ModelAudit, folder: Path) -> list[Path]:
@@ -429,8 +526,12 @@ def run_parsed(args) -> int:
     except Failure as exc:
         report_failure(exc, f"{exc.heading}{exc}", args.traceback)
         status = exc.status
-    except KeyboardInterrupt as exc:
-        report_failure(exc, "interrupted", args.traceback)
+    except Interrupted as exc:  # after a model's step was recorded: its finished parts were written
+        report_failure(exc, exc.line(), args.traceback)
+        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as exc:  # before a step was recorded: nothing of that model to keep
+        report_failure(exc, "interrupted before the step was recorded: nothing of that model was written "
+                            "(models finished before it are printed above)", args.traceback)
         return EXIT_INTERRUPTED
     except Exception as exc:  # a bug in this file, outside every stage
         report_failure(exc, f"{InternalError.heading}{one_line(exc)}", args.traceback)

@@ -168,23 +168,53 @@ def _heatmap_table(audit: Audit, depth: int, value: str, columns: str) -> tuple[
     return table, labels
 
 
-def heatmap_data(audit: Audit, depth: int = 1, value: str | None = None, columns: str = "kind") -> pd.DataFrame:
+#: the deepest module level :func:`hotspot_depth` looks at
+MAX_AUTO_DEPTH = 6
+
+
+def hotspot_depth(audit: Audit, rows: int = 2) -> int:
+    """The shallowest module depth at which the hotspots fall in at least ``rows`` modules: the
+    heatmap's and the timeline's default, so that a model whose whole body is one top-level
+    module (mobilenet's, efficientnet's ``features``) is not drawn as a single cell. 1 without
+    hotspots, or the depth that splits them most when none reaches ``rows``."""
+    ops = audit.ops()
+    hot = ops.loc[ops["hotspot"], "module"]
+    if not len(hot):
+        return 1
+    best, most = 1, 0
+    for depth in range(1, MAX_AUTO_DEPTH + 1):
+        n = module_at_depth(hot, depth).nunique()
+        if n >= rows:
+            return depth
+        if n > most:
+            best, most = depth, n
+    return best
+
+
+def _depth(audit: Audit, depth: int | None) -> int:
+    return hotspot_depth(audit) if depth is None else depth
+
+
+def heatmap_data(audit: Audit, depth: int | None = None, value: str | None = None, columns: str = "kind") -> pd.DataFrame:
     """Hotspot time in µs (``value="time_us"``, the default when the audit has times), bytes
     (the default otherwise) or counts per module at ``depth`` (rows, in execution order) and
     per phase × kind or per op (columns; op columns are keyed ``for``/``bac`` + op, forward
-    first). Modules without hotspots keep a row of zeros."""
+    first). Modules without hotspots keep a row of zeros. ``depth`` None: :func:`hotspot_depth`."""
+    depth = _depth(audit, depth)
     return _heatmap_table(audit, depth, _value(audit, value, _HEATMAP_VALUES), columns)[0]
 
 
-def heatmap(audit: Audit, depth: int = 1, value: str | None = None, columns: str = "kind",
+def heatmap(audit: Audit, depth: int | None = None, value: str | None = None, columns: str = "kind",
             max_rows: int = 60) -> Figure:
     """The format-loss heatmap: where (module) and what (phase × kind, or op) costs most, in
     time when the audit has times (else bytes; ``value`` picks, as in :func:`heatmap_data`).
 
     With more than ``max_rows`` modules, the rows without hotspots are dropped first, then the
     smallest; the title says how many were hidden. Without hotspots it says so instead of
-    drawing an empty grid.
+    drawing an empty grid. ``depth`` None (the default): the shallowest depth that puts the
+    hotspots in at least two modules (:func:`hotspot_depth`).
     """
+    depth = _depth(audit, depth)
     value = _value(audit, value, _HEATMAP_VALUES)
     data, labels = _heatmap_table(audit, depth, value, columns)
     quantity = QUANTITIES[value]
@@ -325,10 +355,11 @@ def _mark_modules(ax, spans: pd.DataFrame, n: int, axes_width: float, fontsize: 
     ax.tick_params(axis="x", which="minor", pad=3.5 + 1.4 * fontsize)
 
 
-def format_timeline(audit: Audit, depth: int = 1) -> Figure:
+def format_timeline(audit: Audit, depth: int | None = None) -> Figure:
     """The activation's memory format along the execution order, forward and backward, with
     convolutions marked, hotspots highlighted, and the modules at ``depth`` shaded and named
-    along the x axis (so the reader sees where ``layer3`` starts)."""
+    along the x axis (so the reader sees where ``layer3`` starts); None: :func:`hotspot_depth`."""
+    depth = _depth(audit, depth)
     data = timeline_data(audit)
     phases = [p for p in ("forward", "backward") if (data["phase"] == p).any()] or ["forward"]
     lanes = [f for f in _LANES if (data["format"] == f).any()] or ["channels_last"]

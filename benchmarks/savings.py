@@ -22,6 +22,13 @@ first). ``paired`` is the median over rounds of after/before within a round, and
 saving is median(before) x (1 - paired): the ratio within a round cancels the machine's drifts.
 Its interval is the distribution-free 95% interval of that median (``auditor._measure``).
 
+``--verified MODEL ...`` (``demo``: the demo's shufflenet_v2_x1_0 at 8x3x128x128; any other name:
+the torchvision model at 2x3x128x128, random weights) judges the estimate as a user meets it: an
+``auditor.audit`` at the process's thread count (``--threads``, default torch's own), then
+``Fixes.verify``, one line per model: the ops' total against the step, the estimate of all fixes
+(trusted or why not), the measured saving of all of them with its interval. Run it quiet and beside
+busy processes (issue 29).
+
 Target: estimate / measured within 0.5-2x, or the estimate inside the measured interval, for
 every case whose measured saving is above 2% of its step and whose interval excludes 0 (others
 are within this machine's noise and are shown, not judged; an untrusted estimate is shown as
@@ -191,6 +198,9 @@ def parse(argv, names: list[str]) -> argparse.Namespace:
                         help="samples per zoo step, one table each (2: the audit's own size)")
     parser.add_argument("--models", nargs="+", choices=names, metavar="NAME", help=f"only these: {', '.join(names)}")
     parser.add_argument("--quick", action="store_true", help=f"{QUICK_ROUNDS} rounds, 1 audit")
+    parser.add_argument("--verified", nargs="+", metavar="MODEL",
+                        help="judge audit + Fixes.verify on these (demo, or torchvision names) instead")
+    parser.add_argument("--threads", type=int, default=None, help="with --verified: torch's thread count")
     args = parser.parse_args(argv)
     args.rounds = QUICK_ROUNDS if args.quick else args.rounds
     args.audits = 1 if args.quick else args.audits
@@ -225,11 +235,65 @@ def table(args, names: list[str], zoo: list, batch: int, planted: bool) -> list[
     return rows
 
 
+def verified_case(name: str) -> dict:
+    """One model audited at the process's thread count, its fixes verified: the estimate of all
+    of them against what Fixes.verify measured (as a user of the demo or the CLI meets them)."""
+    import torchvision
+
+    from auditor._analysis._costs import step_us, times_note
+
+    torch.manual_seed(0)
+    arch, dims = ("shufflenet_v2_x1_0", (8, 3, 128, 128)) if name == "demo" else (name, (2, 3, 128, 128))
+    model = torchvision.models.get_model(arch, weights=None).train().to(memory_format=torch.channels_last)
+    x = torch.randn(*dims).to(memory_format=torch.channels_last)
+    a = auditor.audit(model, x)
+    causes = a.causes()
+    fixes = auditor.suggest_fixes(a)
+    v = fixes.verify(model, x, rounds=7, budget_s=40)
+    every = v[v["kind"] == "all"].iloc[0]
+    fixed = set(v.loc[v["kind"] == "fix", "cause"].astype(int))
+    mine = causes[causes["cause"].isin(fixed)]
+    ops = a.ops()
+    return {"case": name, "input": "x".join(map(str, dims)), "threads": torch.get_num_threads(),
+            "audit_threads": a.threads, "ops_ms": ops["time_us"].sum() / 1e3, "span_ms": step_us(ops) / 1e3,
+            "sane": not times_note(ops), "estimate_us": float(mine["saving_us"].sum()),
+            "trusted": bool(mine["saving_trusted"].all()), "notes": sorted(set(mine["saving_note"]) - {""}),
+            "measured_us": float(every["saving_us"]), "low_us": float(every["saving_low_us"]),
+            "high_us": float(every["saving_high_us"]), "step_us": float(every["step_us_before"]),
+            "verdict_fix": str(every["verdict"])}
+
+
+def verified_main(args) -> int:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; load average {os.getloadavg()[0]:.2f}")
+    failed = 0
+    for name in args.verified:
+        r = verified_case(name)
+        ratio = r["estimate_us"] / r["measured_us"] if r["measured_us"] > 0 else float("nan")
+        inside = r["low_us"] <= r["estimate_us"] <= r["high_us"]
+        noise = r["low_us"] <= 0 or r["measured_us"] < JUDGED_ABOVE * r["step_us"]
+        ok = r["trusted"] and r["sane"] and (LOW <= ratio <= HIGH or inside)
+        failed += not ok and not noise
+        print(f"{r['case']:<20} {r['input']:<12} audit at {r['audit_threads']} thread(s): ops {r['ops_ms']:.1f} ms "
+              f"of a {r['span_ms']:.1f} ms step{'' if r['sane'] else ' (MORE THAN THE STEP)'}; estimate "
+              f"{r['estimate_us'] / 1e3:.2f} ms{'' if r['trusted'] else ' (not trusted)'}; measured "
+              f"{r['measured_us'] / 1e3:.2f} ms [{r['low_us'] / 1e3:.2f}, {r['high_us'] / 1e3:.2f}] of a "
+              f"{r['step_us'] / 1e3:.1f} ms step ({r['verdict_fix']}); estimate/measured {ratio:.2f} "
+              f"{'within noise: shown, not judged' if noise else 'PASS' if ok else 'FAIL'}")
+        for note in r["notes"]:
+            print(f"    not trusted: {note}")
+    print(f"load average {os.getloadavg()[0]:.2f} after")
+    return 1 if failed else 0
+
+
 def main(argv=None) -> int:
     planted = [n for n, (_, _, causes) in CAUSE_MODELS.items() if causes]
     zoo = [z for z in ZOO if z.causes]
     names = planted + [z.name for z in zoo]
     args = parse(argv, names)
+    if args.verified:
+        return verified_main(args)
     torch.set_num_threads(1)
     auditor.steady_malloc()
     load = os.getloadavg()[0]

@@ -233,7 +233,76 @@ def test_an_oserror_while_writing_is_the_out_folders_exit_2(models_file, tmp_pat
 def test_exit_130_when_interrupted(models_file, capsys, monkeypatch):
     monkeypatch.setattr(auditor, "audit", _raise(KeyboardInterrupt()))
     assert main([f"{models_file}:small", "--input", "1,3,8,8"]) == 130
-    assert _last_line(capsys.readouterr().err) == "format-audit: interrupted"
+    err = capsys.readouterr().err
+    assert _last_line(err).startswith("format-audit: interrupted before the step was recorded")
+    assert "Traceback" not in err
+
+
+def test_ctrl_c_while_verifying_writes_what_is_finished_and_says_what_is_missing(models_file, tmp_path, capsys,
+                                                                                 monkeypatch):
+    """Ctrl-C during --verify: the recording, the analysis and the fixes are written, the report
+    printed, the verification named as missing, status 130, no traceback."""
+    monkeypatch.setattr(auditor.Fixes, "verify", _raise(KeyboardInterrupt()))
+    out = tmp_path / "out"
+    status = main([f"{models_file}:small", "--input", "1,3,8,8", "--fix", "--verify", "--out", str(out),
+                   "--no-progress"])
+    assert status == 130
+    captured = capsys.readouterr()
+    last = _last_line(captured.err)
+    assert last.startswith("format-audit: interrupted while verifying fixes") and "missing: the verification" in last
+    assert "Traceback" not in captured.err and "Format audit:" in captured.out
+    for name in ("events.csv", "causes.csv", "report.txt", "fixes.txt", "fixes.patch"):
+        assert (out / name).exists(), name
+    assert not (out / "verify.csv").exists()
+
+
+def test_ctrl_c_while_importing_torch_exits_130_without_a_traceback():
+    """The first seconds: Ctrl-C while format-audit imports torch is one line and status 130."""
+    code = ("import builtins, sys, format_auditor_cli as f\n"
+            "real = builtins.__import__\n"
+            "def imp(name, *a, **k):\n"
+            "    if name == 'auditor.cli': raise KeyboardInterrupt\n"
+            "    return real(name, *a, **k)\n"
+            "builtins.__import__ = imp\n"
+            "sys.exit(f.main(['torchvision:resnet18']))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 130 and "Traceback" not in done.stderr
+    assert done.stderr.strip() == "format-audit: interrupted while starting (importing torch): nothing was audited"
+
+
+def test_threads_sets_torchs_count_and_html_writes_the_report(models_file, tmp_path, monkeypatch):
+    """--threads N sets torch's intra-op threads for the run (the timed step stays at one);
+    --html writes report.html, a page with the report's tables; --html without --out is refused."""
+    monkeypatch.setattr(torch, "set_num_threads", torch.set_num_threads)  # restored after the test
+    before = torch.get_num_threads()
+    out = tmp_path / "out"
+    try:
+        assert main([f"{models_file}:small", "--input", "1,3,8,8", "--threads", "1", "--html", "--out", str(out),
+                     "--no-progress"]) == 0
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    page = (out / "report.html").read_text()
+    assert page.startswith("<!DOCTYPE html>") and "Format audit:" in page and "<table" in page
+    assert main([f"{models_file}:small", "--html"]) == 2
+
+
+def test_help_says_what_top_limits_and_offers_threads_and_html():
+    text = " ".join(build_parser().format_help().split())
+    assert "causes shown in the report" in text and "--threads N" in text and "--html" in text
+
+
+def test_torchvision_builders_get_random_weights_offline():
+    """Every builder is called with weights=None, and with weights_backbone=None where it takes it
+    (lraspp_mobilenet_v3_large would otherwise download its backbone)."""
+    import torchvision
+
+    for name in torchvision.models.list_models():
+        kwargs = cli.random_weights(torchvision.models.get_model_builder(name))
+        assert kwargs["weights"] is None and kwargs.get("weights_backbone", None) is None
+    lraspp = torchvision.models.get_model_builder("lraspp_mobilenet_v3_large")
+    assert cli.random_weights(lraspp) == {"weights": None, "weights_backbone": None}
 
 
 # ---- flags ------------------------------------------------------------------------------------
@@ -290,7 +359,7 @@ def test_help_lists_choices_defaults_and_exit_statuses(capsys):
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines at the terminal width
     assert "{channels_last,channels_last_3d,contiguous}" in text
     assert "{float32,float64,float16,bfloat16}" in text
-    for default in ("(default: channels_last)", "(default: float32)", "(default: 10)", "(default: 1)"):
+    for default in ("(default: channels_last)", "(default: float32)", "(default: 10)", "(default: 1 "):
         assert default in text
     assert "exit status:" in text
     for status in ("0 ", "1 a finding", "2 the model", "3 format-audit itself", "130 interrupted"):
@@ -348,7 +417,7 @@ def test_fix_prints_and_writes_the_suggested_fixes(models_file, tmp_path, capsys
     assert printed.index("Hotspots:") < printed.index(fixes.strip())  # after the report
     written = sorted(p.name for p in out.iterdir())
     # every file but those of --verify and --compile (--force checks them all)
-    assert written == sorted(set(cli.OUTPUT_FILES) - {"verify.csv", "conversions.csv", "graphs.csv", "compiled.csv"})
+    assert written == sorted(set(cli.OUTPUT_FILES) - {"verify.csv", "conversions.csv", "graphs.csv", "compiled.csv", "report.html"})
     assert "fixes.txt" not in (out / "report.txt").read_text()
 
 
@@ -361,7 +430,7 @@ def test_verify_proves_each_fix_and_writes_its_table(models_file, tmp_path, caps
     assert set(VERIFY_COLUMNS) <= set(table.columns)
     row = table[table["kind"] == "fix"].iloc[0]
     assert row["applied"] and row["same_outputs"] and row["hotspots_before"] > 0 and row["hotspots_after"] == 0
-    assert "verified" in printed.out  # the report, then the verification
+    assert "measured: " in printed.out  # the report leads with the measured saving
 
 
 @pytest.mark.parametrize("args, message", [
@@ -547,3 +616,46 @@ def test_the_command_line_answers_help_and_mistakes_without_importing_torch(argv
     assert done.returncode == (0 if argv[0].startswith("--") else 2), done.stderr
     assert "torch was imported" not in done.stderr
     assert (done.stdout + done.stderr).strip()
+
+
+def test_lraspp_is_built_without_fetching_its_backbone(monkeypatch):
+    """Built offline: any download attempt fails the test."""
+    import torch.hub
+
+    monkeypatch.setattr(torch.hub, "load_state_dict_from_url", _raise(AssertionError("downloads weights")))
+    model = cli.load_model("torchvision:lraspp_mobilenet_v3_large")
+    assert isinstance(model, torch.nn.Module)
+
+
+def test_torchs_device_noise_is_kept_out_of_a_cpu_run():
+    """Issue 29: on a machine without a GPU torch's profiler library printed "USDT ...
+    profiler_start" and "ERROR ... gpuGetDeviceCount failed" into format-audit's output. The
+    CLI quiets it before torch is imported (a subprocess: the setting must precede the import)."""
+    code = ("import format_auditor_cli as f\n"
+            "f.quiet_device_noise(None)\n"
+            "import torch\n"
+            "with torch.profiler.profile():\n"
+            "    torch.randn(4, 4).sum()\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parent.parent, env={k: v for k, v in __import__("os").environ.items()
+                                                                          if k != "KINETO_LOG_LEVEL"})
+    assert done.returncode == 0
+    assert "gpuGetDeviceCount" not in done.stderr and "USDT" not in done.stderr and "ERROR" not in done.stderr
+
+
+def test_compile_has_a_compiling_stage_of_its_own(models_file, capsys, monkeypatch):
+    """Issue 29: with --compile the progress sat on "recording" for minutes while Inductor
+    compiled. Compiling is now a stage of its own, then the eager step is recorded."""
+    from auditor import _api
+
+    seen = []
+
+    def compiled_step(step, options=None, record_time=True):
+        seen.append("compiled")
+        return None
+
+    monkeypatch.setattr(_api, "record_compiled_step", compiled_step)
+    assert main([f"{models_file}:small", "--input", "1,3,8,8", "--compile", "--progress"]) == 0
+    err = capsys.readouterr().err
+    assert seen == ["compiled"]
+    assert err.index("small (1/1): compiling") < err.index("small (1/1): recording") < err.index("analysing")

@@ -118,7 +118,7 @@ def test_an_estimate_says_when_it_cannot_be_trusted():
     assert not cold.causes()["saving_trusted"].any()
     assert cold.causes()["saving_note"].str.contains("warmup=0").all()
     assert "a fix saves about" not in cold.report() and "no estimate of what a fix saves" in cold.report()
-    assert "about the saving" in cold._repr_html_()
+    assert "about the estimate" in cold._repr_html_()
     untimed = auditor.audit(big_model, big_x, record_time=False).causes()
     assert not untimed["saving_trusted"].any() and (untimed["saving_note"] == "not timed").all()
     back = auditor.Audit.read_csv(warm.to_csv()).causes()  # the log round-trips; the estimate is its own
@@ -163,3 +163,69 @@ def test_repeated_audits_give_the_same_estimate():
     mid = statistics.median(estimates)
     assert mid > 0
     assert all(0.5 * mid <= e <= 2 * mid for e in estimates), estimates
+
+
+def _causes(*rows):
+    """(cause, time_us, saving_us, saving_trusted, saving_note) per cause."""
+    return pd.DataFrame(rows, columns=["cause", "time_us", "saving_us", "saving_trusted", "saving_note"])
+
+
+def test_no_saving_exceeds_the_time_of_what_it_removes():
+    """Constructed: a cause whose estimate (900 µs) is more than its ops take (500 µs) is cut to
+    them and not trusted, and says why; one within its ops is left as it is."""
+    ops = pd.DataFrame({"time_us": [100.0, 500.0], "start_us": [0.0, 200.0]})
+    causes = _causes((1, 500.0, 900.0, True, ""), (2, 500.0, 400.0, True, ""))
+    out = costs.within_step(causes, ops)
+    assert out["saving_us"].tolist() == [500.0, 400.0]
+    assert out["saving_trusted"].tolist() == [False, True]
+    assert "more than the 500 µs its ops take" in out["saving_note"][0] and out["saving_note"][1] == ""
+
+
+def test_no_time_is_shown_for_ops_that_add_up_to_more_than_the_step():
+    """Constructed: two ops of 600 µs each inside a step that spans 700 µs (they overlap, as ops
+    timed on several threads would): no estimate is trusted, and the report's head gives the
+    reason instead of an ops time."""
+    ops = pd.DataFrame({"time_us": [600.0, 600.0], "start_us": [0.0, 100.0]})
+    assert costs.step_us(ops) == 700.0
+    assert "more than the 0.7 ms the step took" in costs.times_note(ops)
+    out = costs.within_step(_causes((1, 600.0, 300.0, True, "")), ops)
+    assert not out["saving_trusted"].any() and "more than the 0.7 ms" in out["saving_note"][0]
+    from auditor._display._report import _time_lines
+    line = _time_lines(ops.assign(hotspot=[True, False]), out, threads=1)[0]
+    assert "not shown" in line and "ms, of which" not in line and "at 1 thread, process CPU time" in line
+    sane = pd.DataFrame({"time_us": [300.0, 300.0], "start_us": [0.0, 400.0]})
+    assert costs.times_note(sane) == ""
+
+
+def test_a_timed_audit_measures_at_one_thread_and_gives_the_callers_count_back():
+    """The timed step and its warm-up run at one intra-op thread (as Fixes.verify times), the
+    Audit and its report say so, and the caller's count is back afterwards, also when the model
+    raises; an untimed audit runs at the caller's count."""
+    seen = []
+
+    class Probe(nn.Module):
+        def __init__(self, fail=False):
+            super().__init__()
+            self.conv, self.fail = nn.Conv2d(3, 4, 3), fail
+
+        def forward(self, x):
+            seen.append(torch.get_num_threads())
+            if self.fail:
+                raise KeyError("boom")
+            return self.conv(x)
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        x = torch.randn(1, 3, 8, 8)
+        a = auditor.audit(Probe(), x)
+        assert seen == [1, 1] and torch.get_num_threads() == 2 and a.threads == 1
+        assert "at 1 thread, process CPU time" in a.report()
+        seen.clear()
+        with pytest.raises(KeyError):
+            auditor.audit(Probe(fail=True), x)
+        assert seen == [1] and torch.get_num_threads() == 2
+        seen.clear()
+        assert auditor.audit(Probe(), x, record_time=False).threads is None and seen == [2]
+    finally:
+        torch.set_num_threads(before)

@@ -84,7 +84,7 @@ def _assert_verified_fixes(nb) -> None:
     assert "+++ b/torchvision/models/shufflenetv2.py" in printed
     assert "+    return torch.nn.functional.channel_shuffle(x, groups)" in printed
     again = _code(nb, "before.html(verification=verified)")  # the audit given the table, not changed by it
-    assert "measured (verified)" in _result(again)["text/html"]
+    assert "saving, measured (verified)" in _result(again)["text/html"]
 
 
 def _assert_eager_beside_compiled(nb) -> None:

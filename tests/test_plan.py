@@ -230,3 +230,17 @@ def test_progress_bar_is_shown_and_switched_off(fast, monkeypatch, capsys):
     monkeypatch.setenv("AUDITOR_PROGRESS", "1")
     auditor.plan_layout(model, x, recordings=1)
     assert "plan_layout" in capsys.readouterr().err
+
+
+def test_a_plan_reason_agrees_with_its_candidates_table():
+    """Issue 29: a plan kept all contiguous (the default; nothing beat it beyond the noise) while
+    its table measured it slowest, and its reason said "all contiguous measured fastest". The
+    reason now follows the table: fastest only when it is, else what measured faster and why
+    it was not taken."""
+    import pandas as pd
+
+    cand = pd.DataFrame({"candidate": ["planned", "all contiguous", "all channels_last"],
+                         "measured_us": [20_100.0, 20_600.0, 19_600.0]})
+    kept = layout.why_chosen(cand, "all contiguous", 0.05)
+    assert "fastest" not in kept and "all channels_last measured 19.6 ms against its 20.6 ms" in kept
+    assert layout.why_chosen(cand, "all channels_last", 0.05) == "all channels_last measured fastest end to end"

@@ -511,3 +511,20 @@ def test_top_chart_shows_the_saving_as_a_bar_and_fits_its_texts(softmax_audit):
         assert t.get_window_extent(renderer).x1 <= ax.get_window_extent(renderer).x1 + 1
     ends = [p.get_x() + p.get_width() for p in ax.patches if not p.get_hatch()]
     assert max(ends) >= 0.4 * ax.get_xlim()[1]  # the longest bar is not squeezed by its label
+
+
+def test_the_default_depth_shows_where_the_hotspots_are():
+    """Issue 29: mobilenet's whole body is ``features``, so at depth 1 its heatmap was one cell.
+    The default depth is the shallowest that puts the hotspots in two or more modules, for the
+    heatmap and the timeline alike; a depth given is honoured by both."""
+    import torchvision
+
+    torch.manual_seed(0)
+    model = torchvision.models.mobilenet_v3_small(weights=None).to(memory_format=torch.channels_last)
+    a = auditor.audit(model, torch.randn(1, 3, 64, 64).to(memory_format=torch.channels_last), record_time=False)
+    depth = plot.hotspot_depth(a)
+    assert depth >= 2
+    assert (plot.heatmap_data(a).sum(axis=1) > 0).sum() >= 2
+    assert (plot.heatmap_data(a, depth=1).sum(axis=1) > 0).sum() == 1
+    assert f"depth {depth}" in plot.format_timeline(a).axes[-1].get_xlabel()
+    assert "depth 3" in plot.format_timeline(a, depth=3).axes[-1].get_xlabel()

@@ -47,9 +47,14 @@ def test_a_verified_fix_removes_its_cause_keeps_the_values_and_is_timed():
     # the model and the code are as they were
     assert all(torch.equal(before[k], v2) for k, v2 in model.state_dict().items())
     assert len(auditor.audit(model, x).hotspots()) == len(a.hotspots())
-    # the report and the fixes show the measured saving beside the estimate
-    assert f.verification is v and "verified: " not in a.report()  # the audit is left as it was
-    assert "verified: " in a.report(verification=v) and "measured (verified)" in a.html(verification=v)
+    # the report and the fixes lead with the measured saving, the estimate beside it, labelled
+    assert f.verification is v and "measured: " not in a.report()  # the audit is left as it was
+    shown = a.report(verification=v)
+    assert "measured: " in shown and "all fixes, measured: " in shown and "estimate: " in shown
+    assert shown.index("measured: ") < shown.index("estimate: ")
+    page = a.html(verification=v)
+    assert "saving, measured (verified)" in page and "saving, estimated" in page
+    assert page.index("saving, measured (verified)") < page.index("saving, estimated")
     assert "Verified fixes" in str(f) and "verdict: " in str(f) and "Verified fixes" in f._repr_html_()
 
 

@@ -312,3 +312,58 @@ def _outlier(ops: pd.DataFrame, result_bytes: np.ndarray, parts: dict[int, float
         return ""
     return (f"{part / total:.0%} of it is one call of {op[e].removeprefix('aten.')} that took {time[e]:.0f} µs, "
             f"{time[e] / max(usual, 1e-3):.0f}x its {int(like.sum())} like calls in this step: audit again")
+
+
+#: op times may add up to this share over the step's span before they are called inconsistent
+#: (the profiler's and the process clocks round differently)
+SPAN_SLACK = 1.001
+
+
+def step_us(ops: pd.DataFrame) -> float:
+    """The recorded step's span: from its first op's start to its last op's end (NaN untimed)."""
+    if not timed(ops) or "start_us" not in ops:
+        return float("nan")
+    start = ops["start_us"].to_numpy(dtype=np.float64)
+    end = start + ops["time_us"].fillna(0.0).to_numpy(dtype=np.float64)
+    return float(np.nanmax(end) - np.nanmin(start)) if np.isfinite(start).any() else float("nan")
+
+
+def times_note(ops: pd.DataFrame) -> str:
+    """Why the ops' times cannot be shown as parts of the step, or '': the first sanity rule
+    (README, "Time"): no time shown for a set of ops may exceed the step it is part of, and
+    every set shown (hotspots, a cause, a module) is part of all the ops."""
+    if not timed(ops):
+        return ""
+    span = step_us(ops)
+    total = float(np.nansum(ops["time_us"].to_numpy(dtype=np.float64)))
+    if span == span and total > span * SPAN_SLACK:
+        return (f"the ops' times add up to {total / 1e3:.1f} ms, more than the {span / 1e3:.1f} ms the step took "
+                "from its first op to its last: they overlap (ops timed on several threads at once), so no "
+                "time of theirs is shown as a part of the step")
+    return ""
+
+
+def within_step(causes: pd.DataFrame, ops: pd.DataFrame) -> pd.DataFrame:
+    """``causes`` with both sanity rules enforced where their numbers are made: where the ops'
+    times exceed the step (:func:`times_note`) no estimate is trusted; and no saving exceeds the
+    time of the ops it removes (a cause's ``time_us``): a larger one is cut to it and not
+    trusted, its note saying why. An untrusted estimate is shown as its note, not a number."""
+    if not len(causes) or "saving_us" not in causes or not causes["saving_us"].notna().any():
+        return causes
+    saving = causes["saving_us"].to_numpy(dtype=np.float64).copy()
+    removed = causes["time_us"].to_numpy(dtype=np.float64)
+    trusted = causes["saving_trusted"].to_numpy(dtype=bool).copy()
+    notes = [str(n) for n in causes["saving_note"]]
+    over = np.flatnonzero(saving > removed * SPAN_SLACK)
+    for i in over:
+        why = (f"the estimate ({saving[i]:.0f} µs) came to more than the {removed[i]:.0f} µs its ops take: "
+               "the times it rests on disagree, so it is not shown")
+        notes[i] = f"{why}; {notes[i]}" if notes[i] else why
+        saving[i], trusted[i] = removed[i], False
+    whole = times_note(ops)
+    if whole:
+        for i in range(len(notes)):
+            if whole not in notes[i]:
+                notes[i] = f"{whole}; {notes[i]}" if notes[i] else whole
+        trusted[:] = False
+    return causes.assign(saving_us=saving, saving_trusted=trusted, saving_note=notes)

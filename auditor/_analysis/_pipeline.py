@@ -17,7 +17,7 @@ import pandas as pd
 
 from ._activations import image_facts
 from ._causes import CauseTracer, cause_table
-from ._costs import after_warmup
+from ._costs import after_warmup, within_step
 from ._flow import FlowGraph, FlowView
 from ._ops import classified_ops, hotspots
 from ._summaries import coverage
@@ -41,7 +41,8 @@ class Analysis:
             the final mask: a loss or conversion on a conv -> conv path that has a cause (a
             copy the recording mode made itself, which nothing upstream explains, has none).
         causes: one row per cause (:func:`cause_table`), their estimates trusted as far as
-            ``warmup`` allows (:func:`~._costs.after_warmup`).
+            ``warmup`` allows (:func:`~._costs.after_warmup`) and both sanity rules of time
+            hold (:func:`~._costs.within_step`).
         coverage: per op, device and dtype, how often it kept channels_last.
         tracer: the :class:`CauseTracer` the causes were traced with, for the fixes.
     """
@@ -76,7 +77,7 @@ class Analysis:
         with stage("causes"):
             tracer = CauseTracer(FlowView(ops, flow), facts, cov)
             causes, event_cause = cause_table(tracer, self.hidden)
-            causes = after_warmup(causes, self.warmup)
+            causes = within_step(after_warmup(causes, self.warmup), ops)
         # a recording-mode artifact that nothing explains is no hotspot of the plain run
         self._ops = ops.assign(cause=event_cause, hotspot=ops["hotspot"].to_numpy() & (event_cause > 0))
         self._causes, self._coverage, self._tracer = causes, cov, tracer

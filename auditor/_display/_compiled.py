@@ -19,6 +19,19 @@ def _headline(graphs: pd.DataFrame, conv: pd.DataFrame, compared: pd.DataFrame) 
             f"{kept} still there; {only} conversions only the compiled step makes")
 
 
+#: the compared rows no eager cause explains: shown apart from the eager causes
+ONLY_COMPILED = "only compiled"
+
+
+def _compared_parts(compared: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """The eager causes under the compiler, and apart from them the conversions only the
+    compiled step makes (issue 29: those sat under the eager causes' heading)."""
+    only = compared["status"] == ONLY_COMPILED if len(compared) else pd.Series(dtype=bool)
+    parts = [("Eager causes under the compiler", compared[~only]),
+             ("Conversions only the compiled step makes (no eager cause)", compared[only])]
+    return [(title, rows) for title, rows in parts if len(rows)]
+
+
 def compiled_text(graphs: pd.DataFrame, conv: pd.DataFrame, compared: pd.DataFrame, top: int = 10) -> str:
     """The compiled part of a compiled audit's report."""
     lines = [_headline(graphs, conv, compared), "", "Graphs:"]
@@ -29,7 +42,7 @@ def compiled_text(graphs: pd.DataFrame, conv: pd.DataFrame, compared: pd.DataFra
         Column("time_us", "time", width=9, align=">", text=format_us),
         Column("layout_opt_reason", "why", most=70)])
     if len(conv):
-        lines += ["", "Conversions in the generated code:"]
+        lines += ["", "Conversions in the generated code (times: the compiled kernels', not eager ops'):"]
         lines += text_table(conv.head(top), [
             Column("phase", width=8), Column("kernel", most=44),
             Column("from_format", "from", most=16), Column("to_format", "to", most=16),
@@ -38,9 +51,9 @@ def compiled_text(graphs: pd.DataFrame, conv: pd.DataFrame, compared: pd.DataFra
             Column("source", "line", most=40, text=short_source, clip=shorten)],
             notes=[f"{r}{' [weight, every step]' if w else ''}{'; ' + n if n else ''}"
                    for r, w, n in zip(conv.head(top)["reason"], conv.head(top)["weight"], conv.head(top)["note"])])
-    if len(compared):
-        lines += ["", "Eager causes under the compiler:"]
-        lines += text_table(compared.head(top), [
+    for title, rows in _compared_parts(compared):
+        lines += ["", f"{title}:"]
+        lines += text_table(rows.head(top), [
             Column("cause", width=5, text=lambda v: "-" if pd.isna(v) else str(int(v))),
             Column("phase", width=8), Column("pattern", most=20), Column("source", "line", most=40, text=short_source, clip=shorten),
             Column("status", most=24), Column("kernel", most=44)])
@@ -51,7 +64,7 @@ def compiled_html(graphs: pd.DataFrame, conv: pd.DataFrame, compared: pd.DataFra
     """The compiled part of a compiled audit's HTML."""
     parts = [f"<p>{_headline(graphs, conv, compared)}</p>",
              table_html(graphs.drop(columns=["output_code"]), caption="Graphs Inductor lowered"),
-             table_html(conv, caption="Conversions in the generated code", max_rows=top, more="audit.compiled.conversions()"),
-             table_html(compared, caption="Eager causes under the compiler", max_rows=top,
-                        more="auditor.compare_compiled()")]
+             table_html(conv, caption="Conversions in the generated code (times: the compiled kernels', not eager ops')", max_rows=top, more="audit.compiled.conversions()"),
+             *(table_html(rows, caption=title, max_rows=top, more="auditor.compare_compiled()")
+               for title, rows in _compared_parts(compared))]
     return "<div>" + "".join(parts) + "</div>"

@@ -103,7 +103,7 @@ def verification_html(frame: pd.DataFrame) -> str:
     shown = frame.assign(measured=[saving_text(r) for r in frame.to_dict("records")])
     return table_html(shown, columns={
         "kind": "kind", "fix": "fix", "pattern": "pattern", "source": "file:line", "applied": "applied",
-        "hotspots_before": "hotspots before", "hotspots_after": "after", "same_outputs": "same outputs",
-        "step_us_before": "step before", "step_us_after": "after", "saving_us": "saving",
-        "estimated_us": "estimated", "measured": "measured", "verdict": "verdict", "reason": "reason"},
+        "hotspots_before": "hotspots before", "hotspots_after": "hotspots after", "same_outputs": "same outputs",
+        "measured": "saving, measured", "estimated_us": "saving, estimated", "step_us_before": "step before",
+        "step_us_after": "step after", "verdict": "verdict", "reason": "reason"},
         caption="Verified fixes (applied to copies, timed at one thread in process CPU time)")

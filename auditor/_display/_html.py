@@ -10,12 +10,13 @@ object uses.
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import pandas as pd
 
 from ._report import combine_blocks, module_rows, total_lines
-from ._text import saving_text, short_source
+from ._text import measured_short, short_source
 from ._units import format_bytes, format_us
 
 #: Modules shown under the causes and hotspot groups (as many as the text report shows).
@@ -30,8 +31,8 @@ CODE_COLUMNS = ("suggestion", "line")
 _TEXT_CSS = "text-align: left; vertical-align: top"
 _NUMBER_CSS = "text-align: right; vertical-align: top; white-space: nowrap"
 #: Prose and code wrap within these widths, so a table of three of them fits a 1400 px page.
-_PROSE_CSS = f"{_TEXT_CSS}; white-space: normal; min-width: 14em; max-width: 24em"
-_CODE_CSS = (f"{_TEXT_CSS}; white-space: pre-wrap; overflow-wrap: anywhere; min-width: 14em; max-width: 22em; "
+_PROSE_CSS = f"{_TEXT_CSS}; white-space: normal; min-width: 10em; max-width: 16em"
+_CODE_CSS = (f"{_TEXT_CSS}; white-space: pre-wrap; overflow-wrap: break-word; min-width: 10em; max-width: 16em; "
              "font-family: monospace")
 
 
@@ -52,6 +53,9 @@ def table_html(frame: pd.DataFrame, *, columns: Mapping[str, str] | Sequence[str
     shown = frame if max_rows is None else frame.head(max_rows)
     names = dict(columns) if isinstance(columns, Mapping) else {c: c for c in (columns or frame.columns)}
     names = {c: n for c, n in names.items() if c in shown.columns}
+    twice = sorted({n for n in names.values() if list(names.values()).count(n) > 1})
+    if twice:  # two columns under one heading would share one format: raw numbers in one of them
+        raise ValueError(f"columns shown under the same heading: {', '.join(map(repr, twice))}")
     fmt = {**default_formats(shown), **(formats or {})}
     sources = [c for c in sources if c in names]
     view = shown[list(names)].rename(columns=names).reset_index(drop=True)  # Styler wants a unique index
@@ -65,7 +69,7 @@ def table_html(frame: pd.DataFrame, *, columns: Mapping[str, str] | Sequence[str
         styler = styler.format(formatted, subset=list(formatted), na_rep="-")
     if sources:
         styler = styler.format(source_html, subset=[names[c] for c in sources])
-    css = {n: column_css(shown[c], c, sources=c in sources, formatted=c in fmt) for c, n in names.items()}
+    css = {n: column_css(shown[c], c, sources=c in sources, formatted=c in fmt and c != "op") for c, n in names.items()}
     styler = styler.set_table_styles(css, overwrite=False)
     if caption:
         styler = styler.set_caption(html.escape(caption))
@@ -96,11 +100,25 @@ def column_css(values: pd.Series, name: str, *, sources: bool = False, formatted
 
 def _boxed(escaped: Callable[[object], str], code: bool) -> Callable[[object], str]:
     """A cell formatter that puts the escaped text in a block that wraps within its width."""
-    width = "22em" if code else "24em"
+    width = "16em"  # three such columns beside a fix table's others fit a 1400 px page
     font = "; font-family: monospace" if code else ""
     space = "pre-wrap" if code else "normal"
-    return lambda v: (f'<div style="max-width: {width}; min-width: 14em; white-space: {space}; '
-                      f'overflow-wrap: anywhere{font}">{escaped("" if v is None else str(v))}</div>')
+    return lambda v: (f'<div style="max-width: {width}; min-width: 10em; white-space: {space}; '
+                      f'overflow-wrap: break-word{font}">{_break_paths(escaped("" if v is None else str(v)))}</div>')
+
+
+#: a dot between two parts of a dotted name (``torch.nn.functional``), not in a number
+_NAME_DOT = re.compile(r"(?<=[A-Za-z_)])\.(?=[A-Za-z_])")
+
+
+def _break_paths(text: str) -> str:
+    """Escaped text in which a long dotted name may wrap after its dots (``torch.nn.<wbr>
+    functional.<wbr>channel_shuffle``), so a cell of a fixed width fits it without cutting a word."""
+    return _LONG_TOKEN.sub(lambda m: _NAME_DOT.sub(".<wbr>", m.group(0)), text)
+
+
+#: a token too long for a 10em column: only these get break points
+_LONG_TOKEN = re.compile(r"[^\s<>]{25,}")
 
 
 def _escaped(f: Callable | str) -> Callable[[object], str]:
@@ -110,17 +128,25 @@ def _escaped(f: Callable | str) -> Callable[[object], str]:
 
 def default_formats(frame: pd.DataFrame) -> dict[str, Callable]:
     """Formats by column name: bytes (``bytes``, ``*_bytes``, ``bytes_*``) as ``802.8 kB``,
-    times in µs (``*_us``) as ``404.7 µs``, ``share`` as a percentage."""
+    times in µs (``*_us``, ``*_us_*``) as ``404.7 µs``, ``share`` as a percentage."""
     out: dict[str, Callable] = {}
     for c in frame.columns:
         name = str(c)
         if name == "bytes" or name.endswith("_bytes") or name.startswith("bytes_"):
             out[c] = format_bytes
-        elif name.endswith("_us"):
+        elif name.endswith("_us") or "_us_" in name:  # step_us_before too
             out[c] = format_us
         elif name == "share":
             out[c] = "{:.1%}".format
+        elif name == "op":  # "convolution_backward", not "aten.convolution_backward.default": tables fit 1400 px
+            out[c] = short_op
     return out
+
+
+def short_op(op) -> str:
+    """An aten op's name as a table shows it: without ``aten.`` and the ``.default`` overload."""
+    text = "" if op is None else str(op)
+    return text.removeprefix("aten.").removesuffix(".default")
 
 
 def source_html(source) -> str:
@@ -133,11 +159,11 @@ def source_html(source) -> str:
 
 def audit_html(ops: pd.DataFrame, hot: pd.DataFrame, summary: pd.DataFrame, causes: pd.DataFrame | None = None,
                *, complete: bool = True, error: str = "", top: int = 10, depth: int = 1,
-               verified: pd.DataFrame | None = None) -> str:
-    """The report (:func:`~auditor._display._report.audit_report`) as HTML: the totals, the
-    ``top`` causes (each with its measured saving beside the estimate once ``verified``), the
-    hotspot groups and the modules at ``depth`` as tables."""
-    parts = [header_html(total_lines(ops, hot, causes, complete, error))]
+               verified: pd.DataFrame | None = None, threads: int | None = None) -> str:
+    """The report (:func:`~auditor._display._report.audit_report`) as HTML: the totals (times
+    at ``threads``), the ``top`` causes (each leading with its measured saving, the estimate
+    beside it, once ``verified``), the hotspot groups and the modules at ``depth`` as tables."""
+    parts = [header_html(total_lines(ops, hot, causes, complete, error, threads=threads, verified=verified))]
     if not len(hot):
         parts.append(_paragraph("No losses or conversions between convolutions: channels_last propagates."))
         return _block(parts)
@@ -145,16 +171,16 @@ def audit_html(ops: pd.DataFrame, hot: pd.DataFrame, summary: pd.DataFrame, caus
     if causes is not None and len(causes):
         cols = {"cause": "cause", "pattern": "pattern", "phase": "phase", "op": "op", "module": "module",
                 "module_type": "type", "source": "file:line", "hotspots": "hotspots", "bytes": "bytes"}
+        if verified is not None:  # the measured saving leads; the estimate stands beside it, labelled
+            measured = {int(r["cause"]): measured_short(r) for r in verified.to_dict("records") if r["kind"] == "fix"}
+            causes = causes.assign(measured=[measured.get(int(c), "") for c in causes["cause"]])
+            cols["measured"] = "saving, measured (verified)"
         if timed:
-            cols |= {"time_us": "time", "saving_us": "saving"}
+            cols |= {"time_us": "time", "saving_us": "saving, estimated" if verified is not None else "saving"}
             if "saving_trusted" in causes:  # an estimate it cannot stand behind is left blank, and why is said
                 causes = causes.assign(saving_us=causes["saving_us"].where(causes["saving_trusted"].astype(bool)))
                 if (causes["saving_note"].astype(str) != "").any():
-                    cols["saving_note"] = "about the saving"
-        if verified is not None:
-            measured = {int(r["cause"]): saving_text(r) for r in verified.to_dict("records") if r["kind"] == "fix"}
-            causes = causes.assign(measured=[measured.get(int(c), "") for c in causes["cause"]])
-            cols["measured"] = "measured (verified)"
+                    cols["saving_note"] = "about the estimate"
         cols["fix"] = "fix"
         order = "most time saved" if timed else "most bytes"
         parts.append(table_html(causes, columns=cols, max_rows=top, more="Audit.causes()",

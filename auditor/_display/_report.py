@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 import pandas as pd
 
+from .._analysis._costs import times_note
 from .._recording import _rules as rules
 from ._text import Column, estimate_text, saving_text, short_source, shorten, text_table
 from ._units import format_bytes, format_us
@@ -38,14 +39,14 @@ SYMPTOM_COLUMNS = [
 ]
 #: The modules that cost most (their time, when timed, follows).
 MODULE_COLUMNS = [
-    Column("module", width=30), Column("hotspots", text="{:>4} hotspots".format),
+    Column("module", width=30), Column("hotspots", text=lambda n: f"{n:>4} hotspot{'' if n == 1 else 's'}"),
     Column("bytes", width=9, align=">", text=format_bytes), Column("share", width=6, align=">", text="{:.1%}".format),
 ]
 
 
 def audit_report(ops: pd.DataFrame, hot: pd.DataFrame, summary: pd.DataFrame, causes: pd.DataFrame | None = None,
                  *, complete: bool = True, error: str = "", top: int = 10, depth: int = 1,
-                 verified: pd.DataFrame | None = None) -> str:
+                 verified: pd.DataFrame | None = None, threads: int | None = None) -> str:
     """Totals, the ``top`` causes with the hotspots they lead to, and the modules at ``depth``
     that cost most.
 
@@ -53,9 +54,10 @@ def audit_report(ops: pd.DataFrame, hot: pd.DataFrame, summary: pd.DataFrame, ca
     :func:`~auditor._analysis.hotspots`, :func:`~auditor._analysis.summary` and
     :func:`~auditor._analysis.cause_table` of one audit (without causes, the hotspot groups are
     listed on their own). ``verified``: ``Fixes.verify()``'s table, once the fixes were verified:
-    each cause then shows its measured saving beside the estimate.
+    each cause then leads with its measured saving, the estimate beside it. ``threads``: the
+    intra-op threads the times were taken at (``Audit.threads``), said in the head.
     """
-    lines = total_lines(ops, hot, causes, complete, error)
+    lines = total_lines(ops, hot, causes, complete, error, threads=threads, verified=verified)
     if len(hot):
         lines.append("")
         if causes is not None and len(causes):
@@ -84,8 +86,10 @@ def module_rows(summary: pd.DataFrame) -> tuple[pd.DataFrame, bool]:
     return summ.sort_values("time_us" if timed else "bytes", ascending=False), timed
 
 
-def total_lines(ops: pd.DataFrame, hot: pd.DataFrame, causes, complete: bool, error: str) -> list[str]:
-    """The report's head: ops per phase and kind, hotspot totals, times; the HTML shows it too."""
+def total_lines(ops: pd.DataFrame, hot: pd.DataFrame, causes, complete: bool, error: str, *,
+                threads: int | None = None, verified: pd.DataFrame | None = None) -> list[str]:
+    """The report's head: ops per phase and kind, hotspot totals, times (at ``threads``; with
+    ``verified``, the measured saving of all fixes first); the HTML shows it too."""
     phases = ops["phase"].value_counts()
     lines = [
         f"Format audit: {len(ops)} aten ops "
@@ -103,7 +107,7 @@ def total_lines(ops: pd.DataFrame, hot: pd.DataFrame, causes, complete: bool, er
         f"(forward {format_bytes(by_phase.get('forward', 0))}, backward {format_bytes(by_phase.get('backward', 0))})"
     )
     if "time_us" in ops and ops["time_us"].notna().any():
-        lines.extend(_time_lines(ops, causes))
+        lines.extend(_time_lines(ops, causes, threads, verified))
     independent = ops[ops["layout_independent"]] if "layout_independent" in ops else ops.iloc[:0]
     if len(independent):
         lines.append(
@@ -138,14 +142,32 @@ def _uncertain_lines(independent: pd.DataFrame) -> list[str]:
     return lines
 
 
-def _time_lines(ops: pd.DataFrame, causes) -> list[str]:
-    """Where the step's time went: the ops, the hotspots among them, and the time between ops."""
+def _time_lines(ops: pd.DataFrame, causes, threads: int | None = None,
+                verified: pd.DataFrame | None = None) -> list[str]:
+    """Where the step's time went: the ops, the hotspots among them, and the time between ops;
+    the thread count they were taken at; what fixing every cause saves, measured first once
+    ``verified``. Where the ops' times add up to more than the step, the reason, no numbers."""
+    at = (f"at {threads} thread{'s' if threads != 1 else ''}, process CPU time" if threads
+          else "at the thread count the recording ran at")
+    measured = _measured_total(verified)
+    wrong = times_note(ops)
+    if wrong:
+        return [f"  {part}" if i == 0 else f"    {part}"
+                for paragraph in [f"time ({at}): not shown: {wrong}", *([measured] if measured else [])]
+                for i, part in enumerate(textwrap.wrap(paragraph, 114))]
     total = ops["time_us"].sum()
     hot = ops.loc[ops["hotspot"], "time_us"].sum()
-    lines = [f"  time: ops {format_us(total)}, of which hotspots {format_us(hot)}"
-             + (f" ({hot / total:.1%})" if total else "")
-             + (_total_saving(causes) if causes is not None and len(causes) and causes["saving_us"].notna().any()
-                else "")]
+    saving = (_total_saving(causes) if causes is not None and len(causes) and causes["saving_us"].notna().any()
+              else "")
+    if measured:
+        saving = saving.replace("; fixing every cause would save about", "; estimated for every cause: about")
+    head = (f"time ({at}): ops {format_us(total)}, of which hotspots {format_us(hot)}"
+            + (f" ({hot / total:.1%})" if total else "") + ("" if measured else saving))
+    if measured:
+        estimate = saving.removeprefix("; estimated for every cause: ").removeprefix("; ")
+        head += f"\n{measured}" + (f" (estimated: {estimate})" if estimate else "")
+    lines = [f"  {part}" if i == 0 else f"    {part}"
+             for paragraph in head.split("\n") for i, part in enumerate(textwrap.wrap(paragraph, 114))]
     if "gap_us" in ops and ops["gap_us"].notna().any():
         lines.append(f"  time outside ops (the step's Python, module calls, the autograd engine): "
                      f"{format_us(ops['gap_us'].sum())}")
@@ -153,6 +175,16 @@ def _time_lines(ops: pd.DataFrame, causes) -> list[str]:
         lines.append(f"  {int(ops['artifact'].sum())} gradient sums ran out of place only because a recorder "
                      "was active (marked in Audit.events['artifact']); they are never causes")
     return lines
+
+
+def _measured_total(verified: pd.DataFrame | None) -> str:
+    """All fixes together as ``Fixes.verify`` measured them, or '' before verification."""
+    if verified is None or not len(verified) or "kind" not in verified:
+        return ""
+    rows = verified[verified["kind"] == "all"]
+    if not len(rows):
+        return ""
+    return f"all fixes, measured: {saving_text(rows.iloc[0])}"
 
 
 def _total_saving(causes: pd.DataFrame) -> str:
@@ -174,11 +206,13 @@ def _cause_lines(causes: pd.DataFrame, hot: pd.DataFrame, top: int, verified: pd
     for c in causes.head(top).itertuples():
         where = f"{c.module} ({c.module_type})" if c.module_type else c.module
         lines.append(f"  {c.cause:>2}. [{c.pattern}] {c.phase} {c.op} {c.kind} in {shorten(where, 50)}")
-        cost = f", {format_us(c.time_us)}; {estimate_text(c._asdict())}" if timed else ""
+        if c.cause in measured:
+            for i, part in enumerate(textwrap.wrap(f"measured: {saving_text(measured[c.cause])}", 110)):
+                lines.append(f"      {part}" if i == 0 else f"        {part}")
+        label = "estimate: " if c.cause in measured else ""
+        cost = f", {format_us(c.time_us)}; {label}{estimate_text(c._asdict())}" if timed else ""
         first, *rest = textwrap.wrap(f"{c.hotspots} hotspot ops, {format_bytes(c.bytes)}{cost}", 116)
         lines.extend([f"      {first}", *(f"        {r}" for r in rest)])
-        if c.cause in measured:
-            lines.append(f"      verified: {saving_text(measured[c.cause])}")
         if c.source:
             lines.append(f"      at {short_source(c.source)}")
         for i, part in enumerate(textwrap.wrap(c.fix, 110)):
@@ -238,10 +272,21 @@ def _block_path(paths: list[str]) -> str:
         return paths[0]
     parts = [_INDEX.split(p) for p in paths]
     numbers = [_INDEX.findall(p) for p in paths]
-    text = parts[0][0]
+    values = [sorted({int(n[i]) for n in numbers}) for i in range(len(numbers[0]))]
+    combinations = 1
+    for v in values:
+        combinations *= len(v)
+    # every combination of the values shown must be a module, or the name suggests some that are
+    # not ("features.1,4–11.block.1–2" when block.2 exists in a few): then the first number that
+    # varies keeps its values and each later one that varies is "*", some index
+    whole = combinations == len(set(paths))
+    text, varied = parts[0][0], False
     for i, between in enumerate(parts[0][1:]):
-        values = sorted({int(n[i]) for n in numbers})
-        text += _runs(values) + between
+        if len(values[i]) > 1 and varied and not whole:
+            text += "*" + between
+            continue
+        varied |= len(values[i]) > 1
+        text += _runs(values[i]) + between
     return text
 
 

@@ -345,7 +345,7 @@ def _plan(step: Step, repeats, max_repeats, recordings, margin, clock, given, de
     labels = options[chosen]
     formats = rank_names(labels, ranks)
     convs = _reasons(model, names, calls, conv_cost, ops_us, unary, pair, labels, formats, cut, chosen, groups,
-                     default, margin)
+                     default, margin, why_chosen(cand, chosen, margin))
     convs["proposed"] = [rank_names(cut, ranks)[n] for n in convs["module"]]
     plan = LayoutPlan(
         formats=formats, converted_inputs=converted_inputs(formats, calls), convs=convs,
@@ -457,8 +457,20 @@ def _choose(options: dict, rounds, timed_as: dict, unary, pair, *, clock: str, d
     return pd.DataFrame(rows, columns=CANDIDATE_COLUMNS)
 
 
+def why_chosen(cand: pd.DataFrame, chosen: str, margin: float) -> str:
+    """Why the whole-model candidate ``chosen`` was taken, as its own candidates table says: the
+    fastest measured, or kept because none measured ``margin`` faster beyond the noise (then the
+    faster one is named, so the reason never calls the slowest option fastest)."""
+    measured = dict(zip(cand["candidate"].astype(str), cand["measured_us"].astype(float)))
+    fastest = min(measured, key=measured.get)
+    if fastest == chosen:
+        return f"{chosen} measured fastest end to end"
+    return (f"{chosen} kept: {fastest} measured {measured[fastest] / 1e3:.1f} ms against its "
+            f"{measured[chosen] / 1e3:.1f} ms end to end, not {margin:.0%} faster beyond the noise")
+
+
 def _reasons(model, names, calls, conv_cost, ops_us, unary, pair, labels, formats, cut, chosen_name, groups,
-             default, margin) -> pd.DataFrame:
+             default, margin, chosen_why: str = "") -> pd.DataFrame:
     region_of = regions(names, labels, pair)
     border = dict.fromkeys(names, 0.0)
     for (a, b), cost in pair.items():
@@ -500,7 +512,7 @@ def _reasons(model, names, calls, conv_cost, ops_us, unary, pair, labels, format
             reason = (f"{cut[n]}: a region border here would cost more than the "
                       f"{abs(gt[cut[n]] - gt[prefer]):.0f} us; alone, {why}")
         if chosen_name != "planned" and labels[n] != cut[n]:
-            reason = f"{chosen_name} measured fastest end to end (cut: {reason})"
+            reason = f"{chosen_why or chosen_name + ' chosen end to end'} (cut: {reason})"
         rows.append({
             "module": n, "module_type": type(mod).__name__, "calls": sum(1 for x in calls if x.module == n),
             "input_shape": c.input_shape, "weight_shape": tuple(mod.weight.shape), "dtype": str(c.dtype).replace("torch.", ""),
