@@ -263,6 +263,14 @@ def _swap(c: CauseView, modules: list[str], typ: type, table, why: str) -> Propo
     return c.proposal(SWAP, why, suggestion=lines[0] + more, extra={"modules": modules, "table": table})
 
 
+def _article(word: str) -> str:
+    return "an" if word[:1].lower() in "aeiou" else "a"
+
+
+def _and_more(modules: list[str]) -> str:
+    return f" and {len(modules) - 1} more like it" if len(modules) > 1 else ""
+
+
 @register_fix(patterns.MEAN_BACKWARD.name)
 def _mean_fix(c: CauseView) -> Proposal:
     """A mean over H and W: in a torch pooling module (``nn.AdaptiveAvgPool2d(1)``), swap the
@@ -271,7 +279,8 @@ def _mean_fix(c: CauseView) -> Proposal:
     if typ is not None:
         modules = c.instances(typ.__name__)
         return _swap(c, modules, typ, SWAPS,
-                     f"{c.row.fix} (it runs inside {modules[0]}, a {typ.__name__}); the replacement computes the same "
+                     f"{c.row.fix} (it runs inside {modules[0]}{_and_more(modules)}, {_article(typ.__name__)} "
+                     f"{typ.__name__}); the replacement computes the same "
                      "values and its backward keeps the format")
     return _statement_edit(c, "pool_by_sum", detail=f"{c.row.fix.split(':')[0]}: a sum divided by H·W computes the "
                                                      "mean's values, and its backward broadcasts a view")
