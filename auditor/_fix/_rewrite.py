@@ -397,21 +397,23 @@ def broadcast_the_map(module: cst.Module, facts: Facts) -> cst.Module:
     return _replace(module, call, _expr(text))
 
 
+def _channel_slice(node) -> bool:
+    """``x[:, a:b]`` (more dimensions whole): a slice of dimension 1 alone, without a step."""
+    if not isinstance(node, cst.Subscript) or len(node.slice) < 2:
+        return False
+    first, second = (e.slice for e in node.slice[:2])
+    full = isinstance(first, cst.Slice) and first.lower is None and first.upper is None and first.step is None
+    rest = all(isinstance(e.slice, cst.Slice) and e.slice.lower is None and e.slice.upper is None
+               for e in node.slice[2:])
+    return full and rest and isinstance(second, cst.Slice) and second.step is None
+
+
 def split_the_channels(module: cst.Module, facts: Facts) -> cst.Module:
     """Slices that cut one tensor's channels into consecutive parts, ``x[:, :k]`` and
     ``x[:, k:]``, become the parts of ``x.split([k, x.shape[1] - k], dim=1)``, taken once
     before the line: split's backward is a cat, which keeps the format, where a slice's writes
     its zeros contiguous (channel_slice)."""
-    def channel_slice(node) -> bool:
-        if not isinstance(node, cst.Subscript) or len(node.slice) < 2:
-            return False
-        first, second = (e.slice for e in node.slice[:2])
-        full = isinstance(first, cst.Slice) and first.lower is None and first.upper is None and first.step is None
-        rest = all(isinstance(e.slice, cst.Slice) and e.slice.lower is None and e.slice.upper is None
-                   for e in node.slice[2:])
-        return full and rest and isinstance(second, cst.Slice) and second.step is None
-
-    found = _find(module, channel_slice)
+    found = _find(module, _channel_slice)
     bases: dict[str, list] = {}
     for node in found:
         bases.setdefault(_code(node.value), []).append(node)
@@ -452,18 +454,14 @@ def skip_the_whole_slice(module: cst.Module, facts: Facts) -> cst.Module:
     slice whose backward writes the gradient contiguous, and without a view for a later
     in-place write to go through."""
     def leading_slice(node) -> bool:
-        if not isinstance(node, cst.Subscript) or len(node.slice) < 2:
+        if not _channel_slice(node):
             return False
-        first, second = (e.slice for e in node.slice[:2])
-        full = isinstance(first, cst.Slice) and first.lower is None and first.upper is None and first.step is None
-        rest = all(isinstance(e.slice, cst.Slice) and e.slice.lower is None and e.slice.upper is None
-                   for e in node.slice[2:])
-        return (full and rest and isinstance(second, cst.Slice) and second.step is None
-                and second.upper is not None and (second.lower is None or _code(second.lower) == "0"))
+        second = node.slice[1].slice
+        return second.upper is not None and (second.lower is None or _code(second.lower) == "0")
 
     node = _the_one(_find(module, leading_slice), "slice of the leading channels (x[:, :k])")
     if not _simple(node.value):
-        raise Refused(f"the sliced tensor ({_code(node.value)}) is an expression, not a name: split it by hand")
+        raise Refused(f"the sliced tensor ({_code(node.value)}) is an expression, not a name: skip the slice by hand")
     base, k = _code(node.value), _code(node.slice[1].slice.upper)
     return _replace(module, node, _expr(f"({base} if {base}.shape[1] == {k} else {_code(node)})"))
 
