@@ -17,6 +17,8 @@ public API; every module whose name starts with ``_`` is internal (README, "How 
 out"). ``format-audit`` (:mod:`auditor.cli`) and ``python -m auditor.demo`` are the commands.
 """
 
+from importlib import metadata as _metadata
+
 from ._api import audit
 from ._display._styled import styled
 from ._fix._convert import (
@@ -75,5 +77,9 @@ __all__ = [
     "TorchInternalsError",
 ]
 
-#: This package's version (``format-audit --version`` prints it).
-__version__ = "0.1.0"
+#: This package's version, from its installed metadata (``pyproject.toml`` is the one source;
+#: ``format-audit --version`` prints the same); ``0+unknown`` for a source tree never installed.
+try:
+    __version__ = _metadata.version("format-auditor")
+except _metadata.PackageNotFoundError:
+    __version__ = "0+unknown"

@@ -3,7 +3,8 @@
 - ``<!-- generated: patterns -->``: the cause patterns, from the registry
   (``auditor/_analysis/_patterns.py``, loaded by path: building the site does not import torch);
 - ``<!-- generated: cli-help -->``: ``format-audit --help`` (``format_auditor_cli`` imports no torch);
-- ``<!-- generated: public-names -->``: every public name with the first line of its docstring.
+- ``<!-- generated: public-names -->``: every public name with the first line of its docstring;
+- ``<!-- generated: benchmarks -->``: each benchmark script with the first paragraph of its docstring.
 
 Before the build, every name in the ``__all__`` of the public modules must have a docstring:
 a missing one is a warning, which ``mkdocs build --strict`` turns into a failure.
@@ -105,7 +106,22 @@ def check_docstrings() -> list[str]:
     return missing
 
 
-GENERATORS = {"patterns": patterns_table, "cli-help": cli_help, "public-names": public_names_table}
+def benchmarks_list() -> str:
+    """Each script in ``benchmarks/`` with the first paragraph of its docstring."""
+    import ast
+
+    rows = []
+    for path in sorted((ROOT / "benchmarks").glob("*.py")):
+        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+        if not doc.strip():
+            log.warning("benchmarks/%s has no docstring to describe it", path.name)
+        first = " ".join(doc.split("\n\n")[0].split()).replace("``", "`")
+        rows.append(f"- `benchmarks/{path.name}`: {first}")
+    return "\n".join(rows)
+
+
+GENERATORS = {"patterns": patterns_table, "cli-help": cli_help, "public-names": public_names_table,
+              "benchmarks": benchmarks_list}
 
 
 def on_pre_build(config, **kwargs):
