@@ -24,8 +24,8 @@ import pytest
 
 try:
     from sybil import Region, Sybil
-    from sybil.parsers.markdown import CodeBlockParser
     from sybil.evaluators.python import PythonEvaluator
+    from sybil.parsers.markdown import CodeBlockParser
 except ImportError:  # sybil is in the dev extra; without it the examples are not collected
     Sybil = None
 
@@ -73,13 +73,17 @@ def check_output(mode: str | None, expected: str, printed: str) -> str | None:
             f"printed:\n{printed}")
 
 
+def _output_checker(mode: str | None, text: str):
+    def evaluate(example):
+        if STDOUT not in example.namespace:
+            return "an output block must follow a ```python block"
+        return check_output(mode, text, example.namespace.pop(STDOUT))
+    return evaluate
+
+
 def _parse_outputs(document):
     for m in OUTPUT.finditer(document.text):
-        def evaluate(example, mode=m.group("mode"), text=m.group("text")):
-            if STDOUT not in example.namespace:
-                return "an output block must follow a ```python block"
-            return check_output(mode, text, example.namespace.pop(STDOUT))
-        yield Region(m.start(), m.end(), parsed=m.group("text"), evaluator=evaluate)
+        yield Region(m.start(), m.end(), parsed=m.group("text"), evaluator=_output_checker(m.group("mode"), m.group("text")))
 
 
 def _setup(namespace) -> None:

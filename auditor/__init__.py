@@ -13,8 +13,8 @@
     plan = auditor.plan_layout(model, x)  # which convolutions should run channels_last, measured
 
 This module, :mod:`auditor.testing`, :mod:`auditor.plot` and :mod:`auditor.distributed` are the
-public API; every module whose name starts with ``_`` is internal (README, "How the code is laid
-out"). ``format-audit`` (:mod:`auditor.cli`) and ``python -m auditor.demo`` are the commands.
+public API; every module whose name starts with ``_`` is internal (CONTRIBUTING.md, "How the code is
+laid out"). ``format-audit`` (:mod:`auditor.cli`) and ``python -m auditor.demo`` are the commands.
 """
 
 from importlib import metadata as _metadata
