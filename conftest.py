@@ -112,8 +112,15 @@ if Sybil is not None:
     ).pytest()
 
 
+#: pages whose examples take long (Inductor compiles for about a minute on a 2-core machine)
+SLOW_PAGES = ("compiled.md",)
+
+
 def pytest_collection_modifyitems(config, items):
-    """The examples are the ``docs`` tests (``-m docs``, ``-m "not docs"``)."""
+    """The examples are the ``docs`` tests (``-m docs``, ``-m "not docs"``); the slow pages' are
+    ``slow`` too."""
     for item in items:
         if item.path.suffix == ".md":
             item.add_marker(pytest.mark.docs)
+            if item.path.name in SLOW_PAGES:
+                item.add_marker(pytest.mark.slow)
