@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import nbformat
@@ -24,7 +25,8 @@ RENDERED = ROOT / "docs" / "guides" / "profile_a_model.ipynb"
 def main() -> int:
     os.environ.setdefault("AUDITOR_PROGRESS", "0")
     nb = nbformat.read(SOURCE, as_version=4)
-    NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}).execute()
+    with tempfile.TemporaryDirectory() as scratch:  # the files the notebook writes are not the site's
+        NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": scratch}}).execute()
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     if errors:
         print(f"{SOURCE.name}: a cell raised: {errors[0].get('ename')}: {errors[0].get('evalue')}", file=sys.stderr)
