@@ -13,9 +13,11 @@
     plan = auditor.plan_layout(model, x)  # which convolutions should run channels_last, measured
 
 This module, :mod:`auditor.testing`, :mod:`auditor.plot` and :mod:`auditor.distributed` are the
-public API; every module whose name starts with ``_`` is internal (README, "How the code is laid
-out"). ``format-audit`` (:mod:`auditor.cli`) and ``python -m auditor.demo`` are the commands.
+public API; every module whose name starts with ``_`` is internal (CONTRIBUTING.md, "How the code is
+laid out"). ``format-audit`` (:mod:`auditor.cli`) and ``python -m auditor.demo`` are the commands.
 """
+
+from importlib import metadata as _metadata
 
 from ._api import audit
 from ._display._styled import styled
@@ -75,5 +77,9 @@ __all__ = [
     "TorchInternalsError",
 ]
 
-#: This package's version (``format-audit --version`` prints it).
-__version__ = "0.1.0"
+#: This package's version, from its installed metadata (``pyproject.toml`` is the one source;
+#: ``format-audit --version`` prints the same); ``0+unknown`` for a source tree never installed.
+try:
+    __version__ = _metadata.version("format-auditor")
+except _metadata.PackageNotFoundError:
+    __version__ = "0+unknown"

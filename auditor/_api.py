@@ -59,7 +59,7 @@ def audit(
     what Inductor lowers, and times its kernels (``record_time``): ``Audit.compiled``
     (``conversions()``, ``graphs()``, ``kernels()``) and :func:`auditor.compare_compiled` then
     describe the compiled step, while ``events`` and the causes are those of the eager step
-    (README, "Compiled models"). It runs on the model's own device and dtype: ``device=`` and
+    (docs, "Compiled models"). It runs on the model's own device and dtype: ``device=`` and
     ``dtype=`` are refused. A model that does not compile raises :class:`auditor.CompileError`
     with Dynamo's reason.
 
@@ -106,7 +106,7 @@ def _tell(stage: str) -> None:
         tell(stage)
 
 
-#: the intra-op threads a timed audit's step runs at (README, "Time")
+#: the intra-op threads a timed audit's step runs at (docs, "The time model")
 TIMED_THREADS = 1
 
 

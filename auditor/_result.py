@@ -25,7 +25,7 @@ class Audit:
     are computed once, when first asked for).
 
     Attributes:
-        events: one row per aten op call (schema in the README).
+        events: one row per aten op call (schema: the docs, "The event log").
         tensors: one row per tensor argument or result, linked to ``events`` by ``seq``.
         hidden: one row per copy an op's kernels made inside it (a timed recording), linked
             to ``events`` by ``seq``.
@@ -58,7 +58,7 @@ class Audit:
         self._threads = threads
         self._analysis: Analysis | None = None
 
-    events = property(lambda self: self._events, doc="One row per aten op call (schema in the README).")
+    events = property(lambda self: self._events, doc="One row per aten op call (schema: the docs, 'The event log').")
     tensors = property(lambda self: self._tensors,
                        doc="One row per tensor argument or result, linked to ``events`` by ``seq``.")
     hidden = property(lambda self: self._hidden,
@@ -88,7 +88,7 @@ class Audit:
 
     # -- persistence -----------------------------------------------------------------------
     def to_csv(self, path_or_buf=None):
-        """Write the audit as one CSV file (README, "The event log"); with no path, return the
+        """Write the audit as one CSV file (docs, "The event log"); with no path, return the
         text. ``complete`` and ``error`` are kept; a path is written atomically. A compiled
         audit's compiled step goes to a file of its own (``audit.compiled.to_csv``)."""
         return csvfile.to_csv(self.events, self.tensors, self.complete, path_or_buf, error=self.error,

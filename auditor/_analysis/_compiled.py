@@ -226,7 +226,7 @@ class CompiledStep:
 
     def conversions(self) -> pd.DataFrame:
         """One row per kernel that reads an image in one physical order and writes it in another,
-        or copies a convolution weight every step (README, "Compiled models")."""
+        or copies a convolution weight every step (docs, "Compiled models")."""
         if self._conversions is None:
             self._conversions = conversions(self._kernels, self._buffers, self._graphs)
         return self._conversions.copy()

@@ -330,7 +330,7 @@ def step_us(ops: pd.DataFrame) -> float:
 
 def times_note(ops: pd.DataFrame) -> str:
     """Why the ops' times cannot be shown as parts of the step, or '': the first sanity rule
-    (README, "Time"): no time shown for a set of ops may exceed the step it is part of, and
+    (docs, "The time model"): no time shown for a set of ops may exceed the step it is part of, and
     every set shown (hotspots, a cause, a module) is part of all the ops."""
     if not timed(ops):
         return ""

@@ -1,13 +1,14 @@
 """The cause patterns: one record each, and the registry that holds them.
 
 A pattern names how an image left its format (from ops, shapes, strides and data flow, never
-from names of models or modules): what happened, the one-line remedy the README's table gives,
+from names of models or modules): what happened, the one-line remedy the docs' table gives,
 the fix text a cause carries, and what the timing model puts in place of the cause's own ops.
 Adding a pattern is one :func:`register_pattern` call here, the tracer's rule that emits it
 (:meth:`auditor._analysis._causes.CauseTracer.pattern`) and one
 :func:`auditor._fix._generators.register_fix` for its generator, in the module that holds the
 generators' registry; ``tests/test_causes.py`` checks that every pattern the tracer can emit is
-complete, and that the README's table is this registry. The registry is internal: detection is
+complete, and the docs' pattern table
+is generated from this registry (``docs/hooks.py``). The registry is internal: detection is
 the tracer's code, so a pattern registered from outside would never be emitted.
 """
 
@@ -29,8 +30,8 @@ class Pattern:
     """One way an image leaves its format."""
 
     name: str
-    happened: str  #: what happened, as the README's table says it
-    remedy: str  #: the one-line fix, as the README's table says it
+    happened: str  #: what happened, as the docs' table says it
+    remedy: str  #: the one-line fix, as the docs' table says it
     fix: str  #: the fix text of a cause, with ``{cl}``, ``{fmt}``, ``{op}``, ``{dims}``, ``{support}``,
     #: ``{to_memory_order}`` and ``{from_memory_order}`` filled in by the tracer
     replaces: str | None = None  #: :data:`WRITE`, :data:`COPY_AFTER`, or None: its ops stay, less

@@ -1,6 +1,6 @@
 """The event log as one CSV file and back, exactly; a damaged file is a ``ValueError``.
 
-The file (format version 2, README "The event log") is a plain CSV. Its first column, ``record``,
+The file (format version 2, docs, "The event log") is a plain CSV. Its first column, ``record``,
 says what each row holds; its last, ``crc32``, is a CRC-32 of the row's other cells chained from
 the previous row's, so a changed, moved, repeated or missing row is found and named:
 

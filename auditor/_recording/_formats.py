@@ -5,7 +5,7 @@ the log labels them once, at the end. The contiguity rules are torch's own (size
 do not constrain strides, zero-size tensors are contiguous in every format), so the labels agree
 with ``Tensor.is_contiguous(memory_format=...)``; the property test in ``tests/`` checks that.
 
-Labels (see ``../shared/design.md`` and the README):
+Labels (the docs' "The words" page):
 
 ``contiguous``, ``channels_last``, ``channels_last_3d``
     dense, and contiguous in exactly that one format.

@@ -2,7 +2,7 @@
 
 ``events`` has one row per aten op call; ``tensors`` has one row per tensor argument or result.
 Both are built once, at the end of a recording, with categoricals for repeated strings. The
-column lists below are the documented schema (README, "The event log").
+column lists below are the documented schema (docs, "The event log").
 """
 
 from __future__ import annotations

@@ -1,0 +1,100 @@
+"""The docs hold to the code: the README stays an entry page, every example is collected, the
+tables that document a schema name its columns, the notebook's page is a run of the notebook,
+and nothing points outside the repository. (The examples themselves run as tests of their own,
+collected from README.md and docs/ by conftest.py; ``make docs`` checks links and docstrings.)"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+PAGES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", ROOT / "CHANGELOG.md", *sorted(DOCS.rglob("*.md"))]
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def test_the_readme_is_an_entry_page():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 200, f"README.md has {len(lines)} lines: move the detail into docs/"
+
+
+def test_every_page_with_python_examples_is_collected():
+    """conftest.py's patterns reach every page that holds a ```python block."""
+    import conftest
+
+    patterns = ["README.md", "docs/*.md", "docs/*/*.md"]
+    assert conftest.Sybil is not None, "sybil is not installed: the examples would not run"
+    for page in [ROOT / "README.md", *DOCS.rglob("*.md")]:
+        if "```python" in page.read_text():
+            rel = page.relative_to(ROOT).as_posix()
+            assert any(fnmatch.fnmatch(rel, p) and rel.count("/") == p.count("/") for p in patterns), rel
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_links_stay_inside_the_repository_and_resolve(page):
+    text = page.read_text()
+    assert "shared/design.md" not in text
+    for target in LINK.findall(text):
+        if re.match(r"[a-z]+:", target) or target.startswith("#"):
+            continue
+        path = (page.parent / target.split("#")[0]).resolve()
+        assert path.is_relative_to(ROOT), f"{page.name} links outside the repository: {target}"
+        assert path.exists(), f"{page.name} links to a missing file: {target}"
+        if page.is_relative_to(DOCS):
+            assert path.is_relative_to(DOCS), f"{page.name}: a site page links outside docs/: {target}"
+
+
+def test_no_tracked_file_names_a_file_outside_the_repository():
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    if not files:
+        pytest.skip("not a git checkout")
+    for name in files:
+        if name.endswith((".py", ".md", ".toml", ".ipynb", ".yml", ".txt")) and name != "tests/test_docs.py":
+            assert "shared/design.md" not in (ROOT / name).read_text(errors="replace"), name
+
+
+def _table_rows(text: str) -> dict[str, str]:
+    """Every ``| `name` | dtype | ...`` row of the Markdown tables in ``text``: name -> dtype."""
+    rows = {}
+    for names, dtype in re.findall(r"^\| ((?:`[a-z_0-9]+`(?:, )?)+) \| ([a-z0-9]+) \|", text, flags=re.M):
+        for name in re.findall(r"`([a-z_0-9]+)`", names):
+            rows[name] = dtype
+    return rows
+
+
+def test_the_event_log_page_is_the_schema():
+    from auditor._recording._log import EVENT_COLUMNS, TENSOR_COLUMNS
+    from auditor._recording._profile import HIDDEN_COLUMNS
+
+    log = _table_rows((DOCS / "concepts" / "event-log.md").read_text())
+    hidden = _table_rows((DOCS / "concepts" / "time.md").read_text())
+    for columns, documented in ((EVENT_COLUMNS, log), (TENSOR_COLUMNS, log), (HIDDEN_COLUMNS, hidden)):
+        for name, dtype in columns.items():
+            assert documented.get(name) == str(dtype), f"{name}: the docs say {documented.get(name)}, the code {dtype}"
+
+
+def test_the_notebook_page_is_a_run_of_the_notebook():
+    """docs/render_notebook.py made it: the same code cells, with outputs and no errors."""
+    source = json.loads((ROOT / "notebooks" / "profile_a_model.ipynb").read_text())
+    rendered = json.loads((DOCS / "guides" / "profile_a_model.ipynb").read_text())
+    code = lambda nb: ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]  # noqa: E731
+    assert code(rendered) == code(source), "the notebook changed: run docs/render_notebook.py"
+    outputs = [o for c in rendered["cells"] if c["cell_type"] == "code" for o in c["outputs"]]
+    assert outputs and not [o for o in outputs if o["output_type"] == "error"]
+
+
+def test_output_shapes_tolerate_timings_but_not_words():
+    from conftest import check_output
+
+    shown = "time: ops 892.5 µs, of which hotspots 614.4 µs (68.8%)\n  - backward 0,2  converts 2x 32.8 kB"
+    assert check_output("shape", shown, "time: ops 1.2 ms, of which hotspots 14 µs (1.5%)\n  - backward 0,2  converts 2x 1 MB") is None
+    assert check_output("shape", shown, "time: ops 1.2 ms, of which hotspots 14 µs (1.5%)\n  - backward 0,2  loses 2x 1 MB")
+    assert check_output("shape", shown, "time: ops 1.2 ms, of which hotspots 14 µs (1.5%)")
+    assert check_output(None, "a  \nb", "a\nb\n") is None
+    assert check_output(None, "a\nb", "a\nc")
