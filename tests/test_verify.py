@@ -73,6 +73,41 @@ def test_a_cause_a_fix_exposes_gets_its_row_and_its_fix_is_made_with_the_others(
     assert "exposed by the fixes" in str(f)
 
 
+def test_apply_makes_the_fixes_of_the_causes_its_fixes_expose_round_by_round():
+    torch.manual_seed(0)
+    model, x = StackThenCopy().to(memory_format=CL), torch.randn(2, 3, 8, 8).to(memory_format=CL)
+    with torch.no_grad():
+        expected = model(x)
+    f = auditor.suggest_fixes(auditor.audit(model, x))
+    assert list(f.frame["pattern"]) == ["stack_reduce"]
+    # without exposed: the first fix alone leaves the copy it exposes
+    f.apply(model, x, exposed=False)
+    assert list(auditor.audit(model, x).causes()["pattern"]) == ["explicit_copy"]
+    f.undo()
+    try:
+        done = f.apply(model, x)
+        assert list(done.columns) == _suggest.APPLY_COLUMNS
+        assert list(zip(done["round"], done["pattern"])) == [(1, "stack_reduce"), (2, "explicit_copy")]
+        assert done["applied"].all()
+        assert "return self.c(s.contiguous())" in open(done["source"].iloc[1].rpartition(":")[0]).read()
+        after = auditor.audit(model, x)
+        assert after.causes().empty and after.hotspots().empty
+        with torch.no_grad():
+            assert torch.allclose(model(x), expected, atol=1e-5)
+    finally:
+        f.undo()
+    assert list(auditor.audit(model, x).causes()["pattern"]) == ["stack_reduce"]
+    # without inputs, the rounds the last verify of the same fixes found are made
+    assert list(f.apply(model)["round"]) == [1]  # none verified yet: nothing to go on
+    f.undo()
+    f.verify(model, x, **QUICK)
+    try:
+        assert list(f.apply(model)["round"]) == [1, 2]
+        assert auditor.audit(model, x).hotspots().empty
+    finally:
+        f.undo()
+
+
 def test_a_fix_that_changes_the_values_is_caught(monkeypatch):
     """A rewrite that forgets the mean's division: verified, its verdict says so."""
     def sum_only(module, facts):
