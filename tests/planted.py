@@ -438,3 +438,34 @@ class StackThenCopy(nn.Module):
     def forward(self, x):
         s = torch.stack([self.a(x), self.b(x)], 1).sum(1)  # planted: stack then reduce
         return self.c(s.contiguous())  # exposed: a copy that converts once the sum keeps the format
+
+
+class SlicesOnTwoStatements(nn.Module):
+    """Channels cut by two slices on consecutive statements, which together partition them (the
+    split one statement alone cannot see)."""
+
+    def __init__(self, channels: int = 16):
+        super().__init__()
+        self.k = 8
+        self.a = nn.Conv2d(3, channels, 3, padding=1)
+        self.c = nn.Conv2d(8, 8, 3, padding=1)
+        self.d = nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        a = self.a(x)
+        left = a[:, :self.k]  # planted: a slice of the channels
+        right = a[:, self.k:]  # planted: the other slice, on the next statement
+        return self.c(left) + self.d(right)
+
+
+class SlicesLeaveAGap(SlicesOnTwoStatements):
+    """Two slices that leave 4 channels out: no split of them all into used parts."""
+
+    def __init__(self):
+        super().__init__(channels=20)
+
+    def forward(self, x):
+        a = self.a(x)
+        left = a[:, :self.k]  # planted: a slice of the channels
+        right = a[:, self.k + 4:]  # planted: the other slice, 4 channels on
+        return self.c(left) + self.d(right)

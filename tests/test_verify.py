@@ -14,7 +14,7 @@ import textwrap
 import pytest
 import torch
 import torch.nn as nn
-from planted import StackThenCopy, make_cause
+from planted import SlicesLeaveAGap, SlicesOnTwoStatements, StackThenCopy, make_cause
 
 import auditor
 from auditor._display._text import saving_text
@@ -106,6 +106,41 @@ def test_apply_makes_the_fixes_of_the_causes_its_fixes_expose_round_by_round():
         assert auditor.audit(model, x).hotspots().empty
     finally:
         f.undo()
+
+
+def test_slices_on_two_statements_that_partition_the_channels_become_one_split():
+    torch.manual_seed(0)
+    model, x = SlicesOnTwoStatements().to(memory_format=CL), torch.randn(2, 3, 8, 8).to(memory_format=CL)
+    f = auditor.suggest_fixes(auditor.audit(model, x))
+    assert list(f.frame["pattern"]) == ["channel_slice", "channel_slice"] and f.frame["automatic"].all()
+    both = ("        left = a[:, :self.k]  # planted: a slice of the channels\n"
+            "        right = a[:, self.k:]  # planted: the other slice, on the next statement")
+    assert set(f.frame["line"]) == {both}  # "now" quotes both statements, whichever cause it is
+    assert set(f.frame["suggestion"]) == {
+        "        a_0, a_1 = a.split([self.k, a.shape[1] - self.k], dim=1)\n"
+        "        left = a_0  # planted: a slice of the channels\n"
+        "        right = a_1  # planted: the other slice, on the next statement"}
+    assert f.patch().count("a.split(") == 1  # the two causes' edits are one
+    v = f.verify(model, x, **QUICK)
+    assert (v["applied"] & v["same_outputs"]).all() and (v["hotspots_after"] == 0).all()
+
+
+def test_slices_that_leave_channels_out_are_by_hand_and_a_split_would_not_help():
+    """The claim of the reason: with a part not used, a split leaves contiguous zeros too."""
+    torch.manual_seed(0)
+    model, x = SlicesLeaveAGap().to(memory_format=CL), torch.randn(2, 3, 8, 8).to(memory_format=CL)
+    a = auditor.audit(model, x)
+    f = auditor.suggest_fixes(a)
+    assert not f.frame["automatic"].any()
+    assert f.frame["reason"].str.startswith("the slices do not cut the channels into consecutive parts").all()
+
+    class Split(SlicesLeaveAGap):
+        def forward(self, x):
+            left, _, right = self.a(x).split([self.k, 4, 8], dim=1)
+            return self.c(left) + self.d(right)
+    torch.manual_seed(0)
+    split = Split().to(memory_format=CL)
+    assert len(auditor.audit(split, x).hotspots()) > 0  # PyTorch's own backward of the split converts too
 
 
 def test_a_fix_that_changes_the_values_is_caught(monkeypatch):

@@ -308,7 +308,46 @@ def _slice_fix(c: CauseView) -> Proposal:
                           reason="the channels are split already: the contiguous zeros come from PyTorch's own backward "
                                  "of a split or chunk, for the part that is not used, and no rewrite of the line keeps "
                                  "the format")
-    return _statement_edit(c, "split_the_channels")
+    found = _statement_edit(c, "split_the_channels")
+    if found.automatic or c.path is None:
+        return found
+    return _statements_edit(c, "split_the_channels", found, span=_SLICE_SPAN)
+
+
+#: the most consecutive statements whose slices are taken together as one split
+_SLICE_SPAN = 4
+
+
+def _statements_edit(c: CauseView, rewrite: str, alone: Proposal, span: int) -> Proposal:
+    """The edit of the fewest consecutive statements of ``c``'s block, up to ``span``, that hold
+    ``c``'s statement and that ``rewrite`` takes as one (slices of one tensor on several
+    statements that together cut its channels); ``alone`` (the statement's own edit, refused)
+    where none does."""
+    from libcst import ParserSyntaxError
+
+    from . import _rewrite as rw
+
+    try:
+        mine = rw.statement_at(c.path, c.lineno)
+        starts = rw.statement_starts(c.path)
+        fns = _functions(c.path, c.lineno)
+    except rw.Refused:
+        return alone
+    if not fns or (mine.first not in starts):
+        return alone
+    at = starts.index(mine.first)
+    fn = getattr(rw, rewrite)
+    facts = _facts(c, fns)
+    for count in range(2, span + 1):
+        for first in range(max(at - count + 1, 0), at + 1):
+            try:
+                statement = rw.statements_from(c.path, starts[first], count)
+                new = rw.rewrite(statement, [(fn, facts)])
+            except (rw.Refused, ParserSyntaxError, ValueError):
+                continue
+            return c.proposal(EDIT, alone.detail, line=statement.text.rstrip("\n"), suggestion=new.rstrip("\n"),
+                              edit=(statement, fn, facts))
+    return alone
 
 
 #: ops whose backward writes zeros for the parts that are not used (PyTorch's own)

@@ -243,7 +243,8 @@ class Fixes:
         for group in statements.values():
             st = group[0][1].edit[0]
             try:
-                new = rw.rewrite(st, [(p.edit[1], p.edit[2]) for _, p in group])
+                # two causes of one pattern rewritten together (slices on two statements) are one rewrite
+                new = rw.rewrite(st, list(dict.fromkeys((p.edit[1], p.edit[2]) for _, p in group)))
             except rw.Refused as exc:
                 failed.update({n: f"by hand: {exc}" for n, _ in group})
                 continue
