@@ -26,6 +26,7 @@ from ._fix._convert import (
 )
 from ._fix._hooks import keep_contiguous
 from ._fix._keep_format import (
+    BroadcastUpsample,
     GlobalAvgPool,
     LayerNormKeepFormat,
     SoftmaxKeepFormat,
@@ -63,6 +64,7 @@ __all__ = [
     "LayerNormKeepFormat",
     "GlobalAvgPool",
     "TemporalConv",
+    "BroadcastUpsample",
     "swap_instance_norm",
     # planning
     "plan_layout",

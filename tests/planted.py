@@ -469,3 +469,48 @@ class SlicesLeaveAGap(SlicesOnTwoStatements):
         left = a[:, :self.k]  # planted: a slice of the channels
         right = a[:, self.k + 4:]  # planted: the other slice, 4 channels on
         return self.c(left) + self.d(right)
+
+
+class UpsampleOnePixel(nn.Module):
+    """An ``nn.Upsample`` of an N×C×1×1 map (a convolution's whole-image output, batch-normed),
+    added to an image: the interpolation writes the map full size, contiguous."""
+
+    def __init__(self, mode: str = "nearest"):
+        super().__init__()
+        self.a = nn.Conv2d(3, 8, 8)
+        self.bn = nn.BatchNorm2d(8)
+        self.up = nn.Upsample(scale_factor=8, mode=mode)
+        self.b = nn.Conv2d(3, 8, 3, padding=1)
+        self.c = nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        return self.c(self.b(x) + self.up(self.bn(self.a(x))))
+
+
+class ChannelMeanNorm(nn.Module):
+    """An RMS norm over the channels written with a mean over dimension 1: the mean's backward
+    expands its N×1×H×W gradient and writes it full size, contiguous."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 8, 3, padding=1)
+        self.c = nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        x = self.a(x)
+        v = torch.mean(x.pow(2), dim=1, keepdim=True)  # planted: a mean over the channels
+        return self.c(x * torch.rsqrt(v + 1e-5))
+
+
+class CatOfMaps(nn.Module):
+    """Two N×1×H×W maps concatenated (a spatial attention's mean and max over the channels):
+    both inputs are both formats at once, and the cat writes contiguous."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 8, 3, padding=1)
+        self.c = nn.Conv2d(2, 8, 3, padding=1)
+
+    def forward(self, x):
+        x = self.a(x)
+        return self.c(torch.cat([x.mean(dim=1, keepdim=True), x.amax(dim=1, keepdim=True)], dim=1))  # planted

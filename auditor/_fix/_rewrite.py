@@ -300,8 +300,10 @@ def pool_by_sum(module: cst.Module, facts: Facts) -> cst.Module:
     ``torch.mean(x, ...)``, ``F.adaptive_avg_pool2d(x, 1)``), becomes ``x.sum((2, 3),
     keepdim=True) / (x.shape[2] * x.shape[3])``: the same sum and division as the mean, so the
     same values, but its backward broadcasts the gradient as a view instead of writing it
-    contiguous (mean_backward)."""
-    spatial = _spatial(facts)
+    contiguous (mean_backward). With ``facts.dims``, the mean over those dimensions instead (a
+    mean over the channels, whose N×1×H×W gradient PyTorch's backward writes full size and
+    contiguous)."""
+    spatial = {d % facts.rank for d in facts.dims} if facts.dims else _spatial(facts)
 
     def is_mean(node) -> bool:
         if not isinstance(node, cst.Call):
@@ -311,13 +313,14 @@ def pool_by_sum(module: cst.Module, facts: Facts) -> cst.Module:
             method = _is_method(node, facts.torch)
             dims = _arg(node, 0 if method else 1, "dim")
             return dims is not None and _ints(dims.value) is not None and _normal(_ints(dims.value), facts.rank) == spatial
-        if name in ("adaptive_avg_pool2d", "adaptive_avg_pool3d"):
+        if name in ("adaptive_avg_pool2d", "adaptive_avg_pool3d") and spatial == _spatial(facts):
             size = _arg(node, 1, "output_size")
             values = _ints(size.value) if size is not None else None
             return values is not None and set(values) == {1}
         return False
 
-    call = _the_one(_find(module, is_mean), "mean over the spatial dimensions")
+    call = _the_one(_find(module, is_mean), "mean over the spatial dimensions" if not facts.dims else
+                    f"mean over dimensions {tuple(sorted(spatial))}")
     method = _callee(call) == "mean" and _is_method(call, facts.torch)
     x = call.func.value if method else _arg(call, 0, "input").value
     if _callee(call) == "mean":
