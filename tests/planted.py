@@ -514,3 +514,21 @@ class CatOfMaps(nn.Module):
     def forward(self, x):
         x = self.a(x)
         return self.c(torch.cat([x.mean(dim=1, keepdim=True), x.amax(dim=1, keepdim=True)], dim=1))  # planted
+
+
+class CostlyRegion(nn.Module):
+    """A reshape that merges C and H of a thin map between two wide ones: keeping its two
+    convolutions contiguous removes the thin copy but converts the wide maps at the edges."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 32, 3, padding=1)
+        self.b = nn.Conv2d(32, 2, 1)
+        self.c = nn.Conv2d(2, 32, 1)
+        self.d = nn.Conv2d(32, 8, 3, padding=1)
+
+    def forward(self, x):
+        y = self.b(self.a(x))
+        n, c, h, w = y.shape
+        y = y.reshape(n, c * h, w).reshape(n, c, h, w)  # planted: a copy of the thin map
+        return self.d(self.c(y))

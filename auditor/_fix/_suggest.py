@@ -649,7 +649,9 @@ def suggest_fixes(audit: Audit) -> Fixes:
         added = p.added_bytes * (2 if backward else 1)  # a region's edges convert gradients too
         if removed - added <= 0 and p.automatic:
             p.reason = (f"its edges would convert {format_bytes(added)} where it removes {format_bytes(removed)}: "
-                        "auditor.plan_layout measures whether another layout pays")
+                        f"auditor.plan_layout times the model with this region kept contiguous (its candidate "
+                        f"'{region_candidate_name(p.region)}') against the uniform layouts, "
+                        "and auditor.apply_plan applies it where it measures faster")
         rows.append({"cause": cause.cause, "pattern": cause.pattern, "action": p.action, "module": cause.module,
                      "module_type": cause.module_type, "op": cause.op, "source": cause.source, "line": p.line,
                      "suggestion": p.suggestion, "detail": p.detail, "hotspots": len(mine),
@@ -666,6 +668,14 @@ def suggest_fixes(audit: Audit) -> Fixes:
     by_number = {int(number[c]): p for c, p in proposals if c in number}
     frame = frame[FIX_COLUMNS].astype({"fix": "int64", "cause": "int64", "automatic": bool})
     return Fixes(frame, out_hot, audit, by_number)
+
+
+def region_candidate_name(region: Iterable[str]) -> str:
+    """The name :func:`auditor.plan_layout` gives the candidate that keeps a region fix's
+    convolutions contiguous (:mod:`auditor._plan._regions`): the convolutions."""
+    names = list(region)
+    more = f" and {len(names) - 2} more" if len(names) > 2 else ""
+    return f"region {', '.join(names[:2])}{more} contiguous"
 
 
 def _check_changeable(model) -> None:
