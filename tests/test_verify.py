@@ -92,6 +92,8 @@ def test_apply_makes_the_fixes_of_the_causes_its_fixes_expose_round_by_round():
         assert "return self.c(s.contiguous())" in open(done["source"].iloc[1].rpartition(":")[0]).read()
         after = auditor.audit(model, x)
         assert after.causes().empty and after.hotspots().empty
+        diff = f.patch()  # the exposed cause's edit is in the patch too
+        assert "-        s = torch.stack(" in diff and "-        return self.c(s.contiguous())" in diff
         with torch.no_grad():
             assert torch.allclose(model(x), expected, atol=1e-5)
     finally:

@@ -323,7 +323,8 @@ def _broadcast_fix(c: CauseView) -> Proposal:
     return c.proposal(EDIT, f"{c.what}: its input is both formats at once, and PyTorch writes the op's output "
                             "contiguous",
                       line=linecache.getline(c.path, c.lineno).rstrip("\n") if c.path else "",
-                      reason=_AMBIGUOUS_REASON.format(op=op.removeprefix("aten."), shape=shape, cl=c.cl_name))
+                      reason=_AMBIGUOUS_REASON.format(op=("the backward of " if c.forward != c.e else "")
+                                                      + op.removeprefix("aten."), shape=shape, cl=c.cl_name))
 
 
 #: why an op of an input that is both formats at once, other than an interpolation, is by hand

@@ -277,9 +277,11 @@ class Fixes:
         """The source edits as one unified diff: ``git apply`` (or ``patch -p1``) takes it in the
         project a file belongs to; an installed library's file is a diff against the installed
         file, labelled so. Fixes that are no source edit, or cannot be made, are listed in ``#``
-        lines at its head, which ``git apply`` and ``patch`` skip."""
+        lines at its head, which ``git apply`` and ``patch`` skip. The source edits of the
+        causes the last :meth:`apply` found exposed are in it too."""
         groups, failed = self._planned_edits(self._numbers(fixes))
-        edits = [edit for edit, _ in groups]
+        # and the source edits of the causes the last apply() found exposed, made after these
+        edits = [edit for edit, _ in groups] + [e for more, made in self._rounds for e in more.source_edits(made)]
         head = []
         for n in self._numbers(fixes):
             p, row = self._proposals.get(n), self._row(n)
