@@ -26,7 +26,6 @@ from ._fix._convert import (
 )
 from ._fix._hooks import keep_contiguous
 from ._fix._keep_format import (
-    BroadcastUpsample,
     GlobalAvgPool,
     LayerNormKeepFormat,
     SoftmaxKeepFormat,
@@ -64,7 +63,6 @@ __all__ = [
     "LayerNormKeepFormat",
     "GlobalAvgPool",
     "TemporalConv",
-    "BroadcastUpsample",
     "swap_instance_norm",
     # planning
     "plan_layout",

@@ -10,6 +10,7 @@ from planted import CatOfMaps, ChannelMeanNorm, UpsampleOnePixel
 
 import auditor
 from auditor._fix import _suggest
+from auditor._fix._keep_format import BroadcastUpsample
 
 CL = torch.channels_last
 QUICK = {"rounds": 3, "max_rounds": 3, "budget_s": 2.0}
@@ -28,7 +29,7 @@ def test_an_upsample_of_a_one_pixel_map_is_swapped_for_a_broadcast(mode):
     f = auditor.suggest_fixes(auditor.audit(model, x))
     [row] = f.frame.itertuples()
     assert row.pattern == "nc11_broadcast" and row.action == _suggest.SWAP and row.automatic
-    assert "auditor.BroadcastUpsample.from_module(model.up)" in row.suggestion
+    assert "auditor._fix._keep_format.BroadcastUpsample.from_module(model.up)" in row.suggestion
     v = f.verify(model, x, **QUICK)
     assert v["applied"].all() and v["same_outputs"].all() and (v["hotspots_after"] == 0).all()
 
@@ -37,15 +38,15 @@ def test_the_broadcast_is_a_view_with_the_values_of_every_mode():
     m = torch.randn(2, 4, 1, 1)
     for mode in ("nearest", "bilinear", "bicubic", "area"):
         up = nn.Upsample(size=(5, 3), mode=mode)
-        out = auditor.BroadcastUpsample.from_module(up)(m)
+        out = BroadcastUpsample.from_module(up)(m)
         assert out.shape == (2, 4, 5, 3) and out.stride() == (4, 1, 0, 0)  # a view: no format named
         assert torch.allclose(out, up(m), atol=1e-6)
     up = nn.Upsample(scale_factor=2.5, mode="nearest")
-    assert auditor.BroadcastUpsample.from_module(up)(m).shape == up(m).shape
+    assert BroadcastUpsample.from_module(up)(m).shape == up(m).shape
     bigger = torch.randn(2, 4, 2, 2).contiguous(memory_format=CL)
-    assert torch.equal(auditor.BroadcastUpsample.from_module(up)(bigger), up(bigger))
+    assert torch.equal(BroadcastUpsample.from_module(up)(bigger), up(bigger))
     with pytest.raises(ValueError, match="no Upsample"):
-        auditor.BroadcastUpsample.from_module(nn.ReLU())
+        BroadcastUpsample.from_module(nn.ReLU())
 
 
 def test_a_mean_over_the_channels_is_written_as_a_sum_whose_backward_is_a_view():
