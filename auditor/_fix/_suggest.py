@@ -107,8 +107,8 @@ class Fixes:
         get their automatic fixes made too, round after round until no new cause appears (at
         most ``max_rounds`` rounds in all): found by auditing a copy of the fixed ``model`` on
         ``inputs`` (the step options as :func:`auditor.audit`), or, without ``inputs``, those
-        the last :meth:`verify` of the same fixes found. A fix that would make a fix changes
-        nothing else: the first round is always these fixes.
+        the last :meth:`verify` found with the same automatic fixes. The first round is always
+        the fixes asked for; the rounds after it only add fixes of causes not seen before.
 
         Returns one row per fix made or tried: ``round`` (1 for these fixes, 2 and on for the
         causes each round exposed), ``fix`` (its number among its round's fixes), ``pattern``,
@@ -178,9 +178,11 @@ class Fixes:
 
     def _found_by_verify(self, numbers: list[int]) -> list[tuple[Fixes, list[int]]]:
         """The exposed fixes the last :meth:`verify` made with every automatic fix, where those
-        are ``numbers``: what it found holds only for the same fixes."""
+        are the automatic ones among ``numbers`` (a fix by hand is made by neither): what it
+        found holds only for the same fixes."""
         made, found = self._verified_rounds
-        return list(found) if made == tuple(numbers) else []
+        automatic = tuple(n for n in numbers if self._row(n)["automatic"])
+        return list(found) if automatic and made == automatic else []
 
     def undo(self) -> None:
         """Take back everything :meth:`apply` did: the source edits, and the module swaps, weight
