@@ -299,7 +299,7 @@ def _stack_fix(c: CauseView) -> Proposal:
 @register_fix(patterns.NC11_BROADCAST.name)
 def _broadcast_fix(c: CauseView) -> Proposal:
     """An op whose input is both formats at once (N×C×1×1, or N×1×H×W) and that writes its
-    larger output contiguous: an interpolation of a map is a broadcast (on the line, rewritten;
+    output contiguous: an interpolation of a map is a broadcast (on the line, rewritten;
     an ``nn.Upsample``, swapped); a mean over the channels, whose backward writes the gradient
     full size, a sum divided by their number; anything else, by hand, with what it is."""
     op = str(c.tracer.op[c.forward])
@@ -343,13 +343,15 @@ def _slice_fix(c: CauseView) -> Proposal:
                                  "of a split or chunk, for the part that is not used, and no rewrite of the line keeps "
                                  "the format")
     found = _statement_edit(c, "split_the_channels")
-    if found.automatic or c.path is None:
-        return found
+    if found.automatic or c.path is None or not found.reason.startswith(_NOT_A_PARTITION):
+        return found  # the statement has no slices of one tensor to take together with others
     return _statements_edit(c, "split_the_channels", found, span=_SLICE_SPAN)
 
 
 #: the most consecutive statements whose slices are taken together as one split
 _SLICE_SPAN = 4
+#: how the split rewrite refuses slices of one tensor that, on their statement alone, do not cut all its channels
+_NOT_A_PARTITION = "the slices do not cut the channels into consecutive parts"
 
 
 def _statements_edit(c: CauseView, rewrite: str, alone: Proposal, span: int) -> Proposal:
