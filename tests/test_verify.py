@@ -110,6 +110,30 @@ def test_apply_makes_the_fixes_of_the_causes_its_fixes_expose_round_by_round():
         f.undo()
 
 
+def test_apply_without_inputs_makes_the_exposed_fixes_verify_found_beside_a_fix_by_hand():
+    class WithGap(StackThenCopy):
+        def __init__(self):
+            super().__init__()
+            self.e = nn.Conv2d(3, 16, 3, padding=1)
+            self.g = nn.Conv2d(4, 8, 3, padding=1)
+
+        def forward(self, x):
+            e = self.e(x)
+            return super().forward(x) + self.g(e[:, 12:])  # a slice that leaves channels out: by hand
+
+    torch.manual_seed(0)
+    model, x = WithGap().to(memory_format=CL), torch.randn(2, 3, 8, 8).to(memory_format=CL)
+    f = auditor.suggest_fixes(auditor.audit(model, x))
+    assert set(f.frame["pattern"]) == {"stack_reduce", "channel_slice"} and not f.frame["automatic"].all()
+    f.verify(model, x, **QUICK)
+    try:
+        done = f.apply(model)
+        assert list(done.loc[done["round"] == 2, "pattern"]) == ["explicit_copy"]
+        assert set(auditor.audit(model, x).causes()["pattern"]) == {"channel_slice"}
+    finally:
+        f.undo()
+
+
 def test_slices_on_two_statements_that_partition_the_channels_become_one_split():
     torch.manual_seed(0)
     model, x = SlicesOnTwoStatements().to(memory_format=CL), torch.randn(2, 3, 8, 8).to(memory_format=CL)
