@@ -438,3 +438,97 @@ class StackThenCopy(nn.Module):
     def forward(self, x):
         s = torch.stack([self.a(x), self.b(x)], 1).sum(1)  # planted: stack then reduce
         return self.c(s.contiguous())  # exposed: a copy that converts once the sum keeps the format
+
+
+class SlicesOnTwoStatements(nn.Module):
+    """Channels cut by two slices on consecutive statements, which together partition them (the
+    split one statement alone cannot see)."""
+
+    def __init__(self, channels: int = 16):
+        super().__init__()
+        self.k = 8
+        self.a = nn.Conv2d(3, channels, 3, padding=1)
+        self.c = nn.Conv2d(8, 8, 3, padding=1)
+        self.d = nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        a = self.a(x)
+        left = a[:, :self.k]  # planted: a slice of the channels
+        right = a[:, self.k:]  # planted: the other slice, on the next statement
+        return self.c(left) + self.d(right)
+
+
+class SlicesLeaveAGap(SlicesOnTwoStatements):
+    """Two slices that leave 4 channels out: no split of them all into used parts."""
+
+    def __init__(self):
+        super().__init__(channels=20)
+
+    def forward(self, x):
+        a = self.a(x)
+        left = a[:, :self.k]  # planted: a slice of the channels
+        right = a[:, self.k + 4:]  # planted: the other slice, 4 channels on
+        return self.c(left) + self.d(right)
+
+
+class UpsampleOnePixel(nn.Module):
+    """An ``nn.Upsample`` of an N×C×1×1 map (a convolution's whole-image output, batch-normed),
+    added to an image: the interpolation writes the map full size, contiguous."""
+
+    def __init__(self, mode: str = "nearest"):
+        super().__init__()
+        self.a = nn.Conv2d(3, 8, 8)
+        self.bn = nn.BatchNorm2d(8)
+        self.up = nn.Upsample(scale_factor=8, mode=mode)
+        self.b = nn.Conv2d(3, 8, 3, padding=1)
+        self.c = nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        return self.c(self.b(x) + self.up(self.bn(self.a(x))))
+
+
+class ChannelMeanNorm(nn.Module):
+    """An RMS norm over the channels written with a mean over dimension 1: the mean's backward
+    expands its N×1×H×W gradient and writes it full size, contiguous."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 8, 3, padding=1)
+        self.c = nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        x = self.a(x)
+        v = torch.mean(x.pow(2), dim=1, keepdim=True)  # planted: a mean over the channels
+        return self.c(x * torch.rsqrt(v + 1e-5))
+
+
+class CatOfMaps(nn.Module):
+    """Two N×1×H×W maps concatenated (a spatial attention's mean and max over the channels):
+    both inputs are both formats at once, and the cat writes contiguous."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 8, 3, padding=1)
+        self.c = nn.Conv2d(2, 8, 3, padding=1)
+
+    def forward(self, x):
+        x = self.a(x)
+        return self.c(torch.cat([x.mean(dim=1, keepdim=True), x.amax(dim=1, keepdim=True)], dim=1))  # planted
+
+
+class CostlyRegion(nn.Module):
+    """A reshape that merges C and H of a thin map between two wide ones: keeping its two
+    convolutions contiguous removes the thin copy but converts the wide maps at the edges."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 32, 3, padding=1)
+        self.b = nn.Conv2d(32, 2, 1)
+        self.c = nn.Conv2d(2, 32, 1)
+        self.d = nn.Conv2d(32, 8, 3, padding=1)
+
+    def forward(self, x):
+        y = self.b(self.a(x))
+        n, c, h, w = y.shape
+        y = y.reshape(n, c * h, w).reshape(n, c, h, w)  # planted: a copy of the thin map
+        return self.d(self.c(y))

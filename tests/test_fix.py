@@ -534,6 +534,32 @@ def test_a_forced_mixed_plan_converts_at_region_borders(fast_measurements):
 
 
 @pytest.mark.filterwarnings("ignore::auditor.NoisyPlanWarning")  # a tiny model, timed for its plan only
+def test_a_region_whose_edges_cost_more_is_a_measured_plan_layout_candidate(fast_measurements):
+    torch.manual_seed(0)
+    model = planted.CostlyRegion().to(memory_format=CL)
+    x = torch.randn(2, 3, 16, 16).to(memory_format=CL)
+    a = auditor.audit(model, x)
+    f = auditor.suggest_fixes(a)
+    [row] = f.frame.itertuples()
+    assert row.action == _suggest.REGION and set(row.region) == {"b", "c"} and not row.automatic
+    assert row.added_bytes > row.hotspot_bytes and row.bytes < 0
+    name = _suggest.region_candidate_name(row.region)
+    assert f"its candidate '{name}'" in row.reason
+    # the claim: kept contiguous, the region's edges convert more bytes than the copy it removes
+    kept = copy.deepcopy(model)
+    auditor.keep_contiguous(kept, list(row.region))
+    after = auditor.audit(kept, x)
+    assert after.hotspots()["bytes"].sum() > a.hotspots()["bytes"].sum()
+    # and plan_layout times it end to end against the better uniform layout
+    p = auditor.plan_layout(model, x, backward=True, repeats=2, max_repeats=2, recordings=1)
+    c = p.candidates.set_index("candidate")
+    assert name in c.index and c.at[name, "measured_us"] > 0
+    assert c.at[name, "vs"] in ("all contiguous", "all channels_last") and c.at[name, "ratio"] > 0
+    if p.chosen == name:  # taken only where it measured faster than the better uniform layout
+        assert p.formats["b"] == p.formats["c"] == "contiguous" and p.formats["a"] == "channels_last"
+        assert c.at[name, "ratio_high"] < 1
+
+
 def test_plan_layout_and_apply_plan_reject_bad_input(fast_measurements):
     with pytest.raises(TypeError, match="nn.Module"):
         auditor.plan_layout(lambda x: x, torch.randn(1, 3, 4, 4))

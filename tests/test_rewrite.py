@@ -100,6 +100,19 @@ def test_slices_that_cut_the_channels_become_one_split():
         _new("a, b = x.chunk(2, dim=1)\n", rw.split_the_channels)
 
 
+def test_slices_on_consecutive_statements_become_one_split_before_the_first():
+    old = "        a = x[:, :k]\n        b = x[:, k:] * 2\n"
+    new = _new(old, rw.split_the_channels)
+    assert new == ("        x_0, x_1 = x.split([k, x.shape[1] - k], dim=1)\n"
+                   "        a = x_0\n        b = x_1 * 2\n")
+    _same_math(old, new, {"x": _image(2, 8, 4, 4), "k": 3}, "b", exact=True)
+    # a statement that rebinds what the slices read cannot have them taken before it
+    with pytest.raises(Refused, match="assign k"):
+        _new("        k = 3\n        a = x[:, :k]\n        b = x[:, k:]\n", rw.split_the_channels)
+    with pytest.raises(Refused, match="assign x"):
+        _new("        x = x[:, :4]\n        b = x[:, 4:]\n", rw.split_the_channels)
+
+
 def test_a_slice_of_the_leading_channels_is_skipped_when_it_keeps_them_all():
     old = "        y = out[:, :self.out_chs, :, :] * 2\n"
     new = _new(old, rw.skip_the_whole_slice)

@@ -14,7 +14,7 @@ import textwrap
 import pytest
 import torch
 import torch.nn as nn
-from planted import StackThenCopy, make_cause
+from planted import SlicesLeaveAGap, SlicesOnTwoStatements, StackThenCopy, make_cause
 
 import auditor
 from auditor._display._text import saving_text
@@ -71,6 +71,102 @@ def test_a_cause_a_fix_exposes_gets_its_row_and_its_fix_is_made_with_the_others(
     together = v[v["kind"] == "all"].iloc[0]
     assert together["applied"] and together["same_outputs"] and together["hotspots_after"] == 0
     assert "exposed by the fixes" in str(f)
+
+
+def test_apply_makes_the_fixes_of_the_causes_its_fixes_expose_round_by_round():
+    torch.manual_seed(0)
+    model, x = StackThenCopy().to(memory_format=CL), torch.randn(2, 3, 8, 8).to(memory_format=CL)
+    with torch.no_grad():
+        expected = model(x)
+    f = auditor.suggest_fixes(auditor.audit(model, x))
+    assert list(f.frame["pattern"]) == ["stack_reduce"]
+    # without exposed: the first fix alone leaves the copy it exposes
+    f.apply(model, x, exposed=False)
+    assert list(auditor.audit(model, x).causes()["pattern"]) == ["explicit_copy"]
+    f.undo()
+    try:
+        done = f.apply(model, x)
+        assert list(done.columns) == _suggest.APPLY_COLUMNS
+        assert list(zip(done["round"], done["pattern"])) == [(1, "stack_reduce"), (2, "explicit_copy")]
+        assert done["applied"].all()
+        assert "return self.c(s.contiguous())" in open(done["source"].iloc[1].rpartition(":")[0]).read()
+        after = auditor.audit(model, x)
+        assert after.causes().empty and after.hotspots().empty
+        diff = f.patch()  # the exposed cause's edit is in the patch too
+        assert "-        s = torch.stack(" in diff and "-        return self.c(s.contiguous())" in diff
+        with torch.no_grad():
+            assert torch.allclose(model(x), expected, atol=1e-5)
+    finally:
+        f.undo()
+    assert list(auditor.audit(model, x).causes()["pattern"]) == ["stack_reduce"]
+    # without inputs, the rounds the last verify of the same fixes found are made
+    assert list(f.apply(model)["round"]) == [1]  # none verified yet: nothing to go on
+    f.undo()
+    f.verify(model, x, **QUICK)
+    try:
+        assert list(f.apply(model)["round"]) == [1, 2]
+        assert auditor.audit(model, x).hotspots().empty
+    finally:
+        f.undo()
+
+
+def test_apply_without_inputs_makes_the_exposed_fixes_verify_found_beside_a_fix_by_hand():
+    class WithGap(StackThenCopy):
+        def __init__(self):
+            super().__init__()
+            self.e = nn.Conv2d(3, 16, 3, padding=1)
+            self.g = nn.Conv2d(4, 8, 3, padding=1)
+
+        def forward(self, x):
+            e = self.e(x)
+            return super().forward(x) + self.g(e[:, 12:])  # a slice that leaves channels out: by hand
+
+    torch.manual_seed(0)
+    model, x = WithGap().to(memory_format=CL), torch.randn(2, 3, 8, 8).to(memory_format=CL)
+    f = auditor.suggest_fixes(auditor.audit(model, x))
+    assert set(f.frame["pattern"]) == {"stack_reduce", "channel_slice"} and not f.frame["automatic"].all()
+    f.verify(model, x, **QUICK)
+    try:
+        done = f.apply(model)
+        assert list(done.loc[done["round"] == 2, "pattern"]) == ["explicit_copy"]
+        assert set(auditor.audit(model, x).causes()["pattern"]) == {"channel_slice"}
+    finally:
+        f.undo()
+
+
+def test_slices_on_two_statements_that_partition_the_channels_become_one_split():
+    torch.manual_seed(0)
+    model, x = SlicesOnTwoStatements().to(memory_format=CL), torch.randn(2, 3, 8, 8).to(memory_format=CL)
+    f = auditor.suggest_fixes(auditor.audit(model, x))
+    assert list(f.frame["pattern"]) == ["channel_slice", "channel_slice"] and f.frame["automatic"].all()
+    both = ("        left = a[:, :self.k]  # planted: a slice of the channels\n"
+            "        right = a[:, self.k:]  # planted: the other slice, on the next statement")
+    assert set(f.frame["line"]) == {both}  # "now" quotes both statements, whichever cause it is
+    assert set(f.frame["suggestion"]) == {
+        "        a_0, a_1 = a.split([self.k, a.shape[1] - self.k], dim=1)\n"
+        "        left = a_0  # planted: a slice of the channels\n"
+        "        right = a_1  # planted: the other slice, on the next statement"}
+    assert f.patch().count("a.split(") == 1  # the two causes' edits are one
+    v = f.verify(model, x, **QUICK)
+    assert (v["applied"] & v["same_outputs"]).all() and (v["hotspots_after"] == 0).all()
+
+
+def test_slices_that_leave_channels_out_are_by_hand_and_a_split_would_not_help():
+    """The claim of the reason: with a part not used, a split leaves contiguous zeros too."""
+    torch.manual_seed(0)
+    model, x = SlicesLeaveAGap().to(memory_format=CL), torch.randn(2, 3, 8, 8).to(memory_format=CL)
+    a = auditor.audit(model, x)
+    f = auditor.suggest_fixes(a)
+    assert not f.frame["automatic"].any()
+    assert f.frame["reason"].str.startswith("the slices do not cut the channels into consecutive parts").all()
+
+    class Split(SlicesLeaveAGap):
+        def forward(self, x):
+            left, _, right = self.a(x).split([self.k, 4, 8], dim=1)
+            return self.c(left) + self.d(right)
+    torch.manual_seed(0)
+    split = Split().to(memory_format=CL)
+    assert len(auditor.audit(split, x).hotspots()) > 0  # PyTorch's own backward of the split converts too
 
 
 def test_a_fix_that_changes_the_values_is_caught(monkeypatch):

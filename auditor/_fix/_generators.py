@@ -28,7 +28,7 @@ from .._analysis._causes import CauseTracer
 from .._analysis._flow import FlowView
 from .._display._text import short_source
 from .._recording._cells import recorded
-from ._keep_format import CONV_SWAPS, SWAPS
+from ._keep_format import BROADCAST_SWAPS, CONV_SWAPS, SWAPS
 from ._patch import live_functions
 
 if TYPE_CHECKING:  # the rewrites need libcst: imported when a fix is first proposed
@@ -298,7 +298,41 @@ def _stack_fix(c: CauseView) -> Proposal:
 
 @register_fix(patterns.NC11_BROADCAST.name)
 def _broadcast_fix(c: CauseView) -> Proposal:
-    return _statement_edit(c, "broadcast_the_map")
+    """An op whose input is both formats at once (N×C×1×1, or N×1×H×W) and that writes its
+    output contiguous: an interpolation of a map is a broadcast (on the line, rewritten;
+    an ``nn.Upsample``, swapped); a mean over the channels, whose backward writes the gradient
+    full size, a sum divided by their number; anything else, by hand, with what it is."""
+    op = str(c.tracer.op[c.forward])
+    ins, outs = c.shapes(c.forward)
+    if c.forward != c.e and op.startswith("aten.mean") and ins and outs and len(ins[0]) == len(outs[0]):
+        dims = tuple(d for d in range(len(ins[0])) if ins[0][d] != outs[0][d])
+        return _statement_edit(c, "pool_by_sum", dims=dims, detail=(
+            f"PyTorch's backward of a mean over dimensions {dims} writes its gradient full size in contiguous order "
+            f"({c.what}: the gradient it expands, {outs[0]}, is both formats at once); a sum divided by their size "
+            "computes the mean's values, and its backward broadcasts a view"))
+    if "upsample" in op or "interpolate" in op:
+        typ = _torch_module_type(str(c.view.ops.at[c.forward, "module_type"]), BROADCAST_SWAPS)
+        if typ is not None and ins and all(s == 1 for s in ins[0][2:]):
+            modules = c.instances(typ.__name__)
+            return _swap(c, modules, typ, BROADCAST_SWAPS, (
+                f"{c.what}: {modules[0]}{_and_more(modules)} ({_article(typ.__name__)} {typ.__name__}) interpolates an "
+                f"N×C×1×1 map, {ins[0]}, and writes it contiguous; the replacement broadcasts the one pixel per "
+                "channel as a view, the same values, which what reads it reads in its own format"))
+        return _statement_edit(c, "broadcast_the_map")
+    shape = f"{ins[0]}: " if ins else ""
+    return c.proposal(EDIT, f"{c.what}: its input is both formats at once, and PyTorch writes the op's output "
+                            "contiguous",
+                      line=linecache.getline(c.path, c.lineno).rstrip("\n") if c.path else "",
+                      reason=_AMBIGUOUS_REASON.format(op=("the backward of " if c.forward != c.e else "")
+                                                      + op.removeprefix("aten."), shape=shape, cl=c.cl_name))
+
+
+#: why an op of an input that is both formats at once, other than an interpolation, is by hand
+_AMBIGUOUS_REASON = (
+    "{op} takes an input whose memory order is both formats at once ({shape}its channels, or its height and width, "
+    "are 1), so PyTorch writes its output contiguous: it is no interpolation of a map, to broadcast instead; "
+    "write the output {cl} by hand where the model always runs {cl} (code that also runs contiguous would "
+    "then convert)")
 
 
 @register_fix(patterns.CHANNEL_SLICE.name)
@@ -308,7 +342,48 @@ def _slice_fix(c: CauseView) -> Proposal:
                           reason="the channels are split already: the contiguous zeros come from PyTorch's own backward "
                                  "of a split or chunk, for the part that is not used, and no rewrite of the line keeps "
                                  "the format")
-    return _statement_edit(c, "split_the_channels")
+    found = _statement_edit(c, "split_the_channels")
+    if found.automatic or c.path is None or not found.reason.startswith(_NOT_A_PARTITION):
+        return found  # the statement has no slices of one tensor to take together with others
+    return _statements_edit(c, "split_the_channels", found, span=_SLICE_SPAN)
+
+
+#: the most consecutive statements whose slices are taken together as one split
+_SLICE_SPAN = 4
+#: how the split rewrite refuses slices of one tensor that, on their statement alone, do not cut all its channels
+_NOT_A_PARTITION = "the slices do not cut the channels into consecutive parts"
+
+
+def _statements_edit(c: CauseView, rewrite: str, alone: Proposal, span: int) -> Proposal:
+    """The edit of the fewest consecutive statements of ``c``'s block, up to ``span``, that hold
+    ``c``'s statement and that ``rewrite`` takes as one (slices of one tensor on several
+    statements that together cut its channels); ``alone`` (the statement's own edit, refused)
+    where none does."""
+    from libcst import ParserSyntaxError
+
+    from . import _rewrite as rw
+
+    try:
+        mine = rw.statement_at(c.path, c.lineno)
+        starts = rw.statement_starts(c.path)
+        fns = _functions(c.path, c.lineno)
+    except rw.Refused:
+        return alone
+    if not fns or (mine.first not in starts):
+        return alone
+    at = starts.index(mine.first)
+    fn = getattr(rw, rewrite)
+    facts = _facts(c, fns)
+    for count in range(2, span + 1):
+        for first in range(max(at - count + 1, 0), at + 1):
+            try:
+                statement = rw.statements_from(c.path, starts[first], count)
+                new = rw.rewrite(statement, [(fn, facts)])
+            except (rw.Refused, ParserSyntaxError, ValueError):
+                continue
+            return c.proposal(EDIT, alone.detail, line=statement.text.rstrip("\n"), suggestion=new.rstrip("\n"),
+                              edit=(statement, fn, facts))
+    return alone
 
 
 #: ops whose backward writes zeros for the parts that are not used (PyTorch's own)

@@ -2,8 +2,8 @@
 
 Each computes the same values as the module it replaces: ``SoftmaxKeepFormat`` for
 ``Softmax``/``LogSoftmax``, ``LayerNormKeepFormat`` for a ``LayerNorm`` over (C, H, W), a
-``GroupNorm`` with one group per channel for ``InstanceNorm``, and ``GlobalAvgPool`` for an
-``AdaptiveAvgPool2d(1)``.
+``GroupNorm`` with one group per channel for ``InstanceNorm``, ``GlobalAvgPool`` for an
+``AdaptiveAvgPool2d(1)``, and ``BroadcastUpsample`` for an ``Upsample`` of an N×C×1×1 map.
 """
 
 from __future__ import annotations
@@ -148,6 +148,37 @@ class TemporalConv(nn.Module):
         return y.unflatten(3, (h, w))
 
 
+class BroadcastUpsample(nn.Module):
+    """Drop-in for an ``nn.Upsample``: an N×C×1×1 map (one pixel per channel) is broadcast to
+    the output size as a view (``expand``), where an interpolation writes it full size, and
+    contiguous (its input is both formats at once). Every mode gives each output pixel that one
+    pixel, so the values are the same; what reads the view reads it in its own format, so it
+    names none (a model run contiguous is as before). Any other input goes to the ``Upsample``
+    itself. The view cannot be written in place."""
+
+    def __init__(self, upsample: nn.Upsample):
+        super().__init__()
+        self.upsample = upsample
+
+    @classmethod
+    def from_module(cls, module: nn.Module) -> BroadcastUpsample:
+        if not isinstance(module, nn.Upsample):
+            raise ValueError(f"{type(module).__name__} is no Upsample")
+        return cls(module)
+
+    def _size(self, rank: int) -> tuple[int, ...]:
+        u, n = self.upsample, rank - 2
+        if u.size is not None:
+            return tuple(u.size) if isinstance(u.size, (tuple, list)) else (u.size,) * n
+        scale = u.scale_factor if isinstance(u.scale_factor, (tuple, list)) else (u.scale_factor,) * n
+        return tuple(int(float(s) // 1) for s in scale)  # F.interpolate: floor(1 * scale)
+
+    def forward(self, x):
+        if x.dim() >= 3 and all(s == 1 for s in x.shape[2:]):
+            return x.expand(-1, -1, *self._size(x.dim()))
+        return self.upsample(x)
+
+
 def swap_instance_norm(module: nn.modules.instancenorm._InstanceNorm) -> nn.GroupNorm:
     """A GroupNorm with one group per channel: InstanceNorm's values, channels_last kept."""
     if module.track_running_stats:
@@ -169,6 +200,11 @@ SWAPS = {
     nn.AdaptiveAvgPool3d: (GlobalAvgPool.from_module, "auditor.GlobalAvgPool.from_module"),
 }
 
+
+#: module type -> (a replacement that broadcasts an N×C×1×1 map instead of interpolating it, its name)
+#: (not a public name: the public surface is kept to 40 names, so the suggestion names its module)
+BROADCAST_SWAPS = {nn.Upsample: (BroadcastUpsample.from_module,
+                                 "auditor._fix._keep_format.BroadcastUpsample.from_module")}
 
 #: convolution type -> (a replacement with a channels_last kernel where it has none, its name)
 CONV_SWAPS = {nn.Conv3d: (TemporalConv.from_module, "auditor.TemporalConv.from_module")}

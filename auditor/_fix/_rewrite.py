@@ -72,6 +72,11 @@ def _statements(path: str, text: str) -> tuple[tuple[int, int], ...]:
                         if isinstance(node, cst.SimpleStatementLine)))
 
 
+def statement_starts(path: str) -> list[int]:
+    """The first line of every simple statement of ``path``, in order."""
+    return [first for first, _ in _statements(path, "".join(linecache.getlines(path)))]
+
+
 def statements_from(path: str, line: int, count: int) -> Statement:
     """The statement that holds ``line`` and the ``count - 1`` simple statements after it, when
     they follow it in the same block (nothing but blank and comment lines between them)."""
@@ -250,9 +255,12 @@ def _statement_of(module: cst.Module) -> tuple[cst.BaseSuite | cst.Module, int]:
     return body, len(body.body) - 1
 
 
-def _insert_before(module: cst.Module, text: str) -> cst.Module:
-    """``module`` with the statement ``text`` before the rewritten one, at its indentation."""
+def _insert_before(module: cst.Module, text: str, first: bool = False) -> cst.Module:
+    """``module`` with the statement ``text`` before the rewritten one (with ``first``, before
+    the first of the statements rewritten together), at its indentation."""
     body, index = _statement_of(module)
+    if first:
+        index = 0
     statement = cst.parse_statement(text)
     new_body = body.with_changes(body=[*body.body[:index], statement, *body.body[index:]])
     return new_body if body is module else module.with_deep_changes(body, body=new_body.body)
@@ -292,8 +300,10 @@ def pool_by_sum(module: cst.Module, facts: Facts) -> cst.Module:
     ``torch.mean(x, ...)``, ``F.adaptive_avg_pool2d(x, 1)``), becomes ``x.sum((2, 3),
     keepdim=True) / (x.shape[2] * x.shape[3])``: the same sum and division as the mean, so the
     same values, but its backward broadcasts the gradient as a view instead of writing it
-    contiguous (mean_backward)."""
-    spatial = _spatial(facts)
+    contiguous (mean_backward). With ``facts.dims``, the mean over those dimensions instead (a
+    mean over the channels, whose N×1×H×W gradient PyTorch's backward writes full size and
+    contiguous)."""
+    spatial = {d % facts.rank for d in facts.dims} if facts.dims else _spatial(facts)
 
     def is_mean(node) -> bool:
         if not isinstance(node, cst.Call):
@@ -303,13 +313,14 @@ def pool_by_sum(module: cst.Module, facts: Facts) -> cst.Module:
             method = _is_method(node, facts.torch)
             dims = _arg(node, 0 if method else 1, "dim")
             return dims is not None and _ints(dims.value) is not None and _normal(_ints(dims.value), facts.rank) == spatial
-        if name in ("adaptive_avg_pool2d", "adaptive_avg_pool3d"):
+        if name in ("adaptive_avg_pool2d", "adaptive_avg_pool3d") and spatial == _spatial(facts):
             size = _arg(node, 1, "output_size")
             values = _ints(size.value) if size is not None else None
             return values is not None and set(values) == {1}
         return False
 
-    call = _the_one(_find(module, is_mean), "mean over the spatial dimensions")
+    call = _the_one(_find(module, is_mean), "mean over the spatial dimensions" if not facts.dims else
+                    f"mean over dimensions {tuple(sorted(spatial))}")
     method = _callee(call) == "mean" and _is_method(call, facts.torch)
     x = call.func.value if method else _arg(call, 0, "input").value
     if _callee(call) == "mean":
@@ -412,14 +423,17 @@ def split_the_channels(module: cst.Module, facts: Facts) -> cst.Module:
     """Slices that cut one tensor's channels into consecutive parts, ``x[:, :k]`` and
     ``x[:, k:]``, become the parts of ``x.split([k, x.shape[1] - k], dim=1)``, taken once
     before the line: split's backward is a cat, which keeps the format, where a slice's writes
-    its zeros contiguous (channel_slice)."""
+    its zeros contiguous (channel_slice). The slices may lie on consecutive statements of one
+    block (``a = x[:, :k]`` then ``b = x[:, k:]``), rewritten together, where none of them
+    assigns a name the slices read."""
     found = _find(module, _channel_slice)
     bases: dict[str, list] = {}
     for node in found:
         bases.setdefault(_code(node.value), []).append(node)
+    where = "these statements" if _statement_count(module) > 1 else "this line"
     if len(bases) != 1:
-        raise Refused("the slices of this line are not of one tensor's channels" if bases else
-                      "this line has no slice of the channels (x[:, a:b])")
+        raise Refused(f"the slices of {where} are not of one tensor's channels" if bases else
+                      f"{where} has no slice of the channels (x[:, a:b])")
     (base, parts), = bases.items()
     if not _simple(parts[0].value):
         raise Refused(f"the sliced tensor ({base}) is an expression, not a name: split it by hand")
@@ -435,6 +449,12 @@ def split_the_channels(module: cst.Module, facts: Facts) -> cst.Module:
     if not chain or left or bounds[chain[-1]][1] is not None:
         raise Refused("the slices do not cut the channels into consecutive parts that cover them all: the part not "
                       "used would get contiguous zeros from PyTorch's own backward of a split too")
+    if _statement_count(module) > 1:
+        read = {n.value for p in parts for n in _find(p, lambda n: isinstance(n, cst.Name))}
+        written = read & _assigned(module)
+        if written:
+            raise Refused(f"these statements assign {sorted(written)[0]}, which the slices read: they cannot be taken "
+                          "together before them")
     sizes = []
     for i in chain:
         lo, hi = bounds[i][0] or "0", bounds[i][1]
@@ -445,7 +465,24 @@ def split_the_channels(module: cst.Module, facts: Facts) -> cst.Module:
     names = [facts.new_name(f"{base.split('.')[-1]}_{k}") for k in range(len(chain))]
     module = _replace_all(module, [(parts[i], cst.Name(name)) for name, i in zip(names, chain)])
     return _insert_before(module, f"{', '.join(names)}{',' if len(names) == 1 else ''} = "
-                                  f"{base}.split([{', '.join(sizes)}], dim=1)\n")
+                                  f"{base}.split([{', '.join(sizes)}], dim=1)\n", first=True)
+
+
+def _statement_count(module: cst.Module) -> int:
+    body, index = _statement_of(module)
+    return index + 1
+
+
+def _assigned(module: cst.Module) -> set[str]:
+    """The names the statements of ``module`` bind (assignment targets, augmented and
+    annotated ones, and walrus targets)."""
+    names: set[str] = set()
+    for node in _find(module, lambda n: isinstance(n, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign,
+                                                        cst.NamedExpr))):
+        target = node.target
+        names |= {n.value for n in _find(target, lambda n: isinstance(n, cst.Name))} if not isinstance(
+            target, cst.Name) else {target.value}
+    return names
 
 
 def skip_the_whole_slice(module: cst.Module, facts: Facts) -> cst.Module:

@@ -40,7 +40,7 @@ from ._hooks import (
 from ._keep_format import swap_module
 from ._patch import CodePatch, EditError, SourceEdit, one_scan, patch_functions, unified_diff
 
-__all__ = ["BY_HAND", "EDIT", "FIX_COLUMNS", "REGION", "SWAP", "VERIFY_COLUMNS", "WEIGHT", "Fixes", "suggest_fixes"]
+__all__ = ["APPLY_COLUMNS", "BY_HAND", "EDIT", "FIX_COLUMNS", "REGION", "SWAP", "VERIFY_COLUMNS", "WEIGHT", "Fixes", "suggest_fixes"]
 
 FIX_COLUMNS = [
     "fix", "cause", "pattern", "action", "module", "module_type", "op", "source", "line", "suggestion", "detail",
@@ -53,6 +53,8 @@ VERIFY_COLUMNS = [
     "same_outputs", "max_abs_diff", "max_rel_diff", "step_us_before", "step_us_after", "saving_us",
     "saving_low_us", "saving_high_us", "ratio", "ratio_low", "ratio_high", "rounds", "estimated_us", "verdict",
 ]
+#: The columns of :meth:`Fixes.apply`.
+APPLY_COLUMNS = ["round", "fix", "pattern", "source", "action", "applied", "detail"]
 #: where a cause is: a fixed cause whose line, op and phase an audit still has is still there
 _CAUSE_AT = ["phase", "op", "source"]
 
@@ -79,6 +81,9 @@ class Fixes:
         self._proposals = dict(proposals or {})
         self._code: CodePatch | None = None  # the source edits apply() made, active or undone
         self._model_undo: list[Callable[[], None]] = []  # how to take back what apply() did to a model
+        self._rounds: list[tuple[Fixes, list[int]]] = []  # the exposed fixes apply() made, by round
+        #: (the fixes the last verify() made together, the exposed fixes it made after them, by round)
+        self._verified_rounds: tuple[tuple[int, ...], list[tuple[Fixes, list[int]]]] = ((), [])
 
     def __len__(self) -> int:
         return len(self.frame)
@@ -88,14 +93,26 @@ class Fixes:
         return self._hotspots.copy()
 
     # -- applying ---------------------------------------------------------------------------------
-    def apply(self, model: nn.Module, fixes: Iterable[int] | None = None) -> pd.DataFrame:
+    def apply(self, model: nn.Module, *inputs, fixes: Iterable[int] | None = None, kwargs: Mapping | None = None,
+              backward: bool = True, loss_fn: Callable | None = None, exposed: bool = True,
+              warmup: int = 1, max_rounds: int = 5) -> pd.DataFrame:
         """Make the fixes (all, or the numbers in ``fixes``): source edits in memory, for the
         whole process (each edited function is compiled again from its edited lines, under its
         file name and line numbers, and swapped in wherever it is held), module swaps, weight
         conversions and regions kept contiguous in ``model``, in place. :meth:`undo` takes all of
         it back; :meth:`restored` puts the original source back for a block. Applying again
-        replaces the source edits made before. Returns one row per fix: ``fix``, ``action``,
-        ``applied`` and what was done, or why not.
+        replaces the source edits made before.
+
+        With ``exposed`` (the default), the causes that appear only once these fixes are made
+        get their automatic fixes made too, round after round until no new cause appears (at
+        most ``max_rounds`` rounds in all): found by auditing a copy of the fixed ``model`` on
+        ``inputs`` (the step options as :func:`auditor.audit`), or, without ``inputs``, those
+        the last :meth:`verify` found with the same automatic fixes. The first round is always
+        the fixes asked for; the rounds after it only add fixes of causes not seen before.
+
+        Returns one row per fix made or tried: ``round`` (1 for these fixes, 2 and on for the
+        causes each round exposed), ``fix`` (its number among its round's fixes), ``pattern``,
+        ``source``, ``action``, ``applied`` and what was done, or why not.
 
         Raises ``TypeError`` for a model it cannot change in place (TorchScript), before
         changing anything."""
@@ -103,12 +120,69 @@ class Fixes:
         numbers = self._numbers(fixes)
         if self._code is not None:
             self._code.undo()
+        self._rounds = []
         self._code, done = self._edit_source(numbers)
         undo, done_model = _change_model(model, self.frame, self._proposals, numbers)
         self._model_undo.extend(undo)
         done.update(done_model)
-        rows = [{"fix": n, "action": self._row(n).action, "applied": done[n][0], "detail": done[n][1]} for n in numbers]
-        return pd.DataFrame(rows, columns=["fix", "action", "applied", "detail"])
+        rows = [self._done_row(1, self, n, done[n]) for n in numbers]
+        if exposed:
+            if inputs or kwargs:
+                step = Step(model, inputs, kwargs or {}, backward=backward, loss_fn=loss_fn)
+                later = self._expose(step, warmup, max_rounds - 1)
+            else:
+                later = self._found_by_verify(numbers)
+            for k, (more, chosen) in enumerate(later, start=2):
+                code, made = more._edit_source(chosen)
+                undo, made_model = _change_model(model, more.frame, more._proposals, chosen)
+                self._model_undo.extend(undo)
+                made.update(made_model)
+                self._code = _joined(self._code, code)
+                self._rounds.append((more, chosen))
+                rows += [self._done_row(k, more, n, made[n]) for n in chosen]
+        return pd.DataFrame(rows, columns=APPLY_COLUMNS)
+
+    @staticmethod
+    def _done_row(round_: int, fixes: Fixes, n: int, done: tuple[bool, str]) -> dict:
+        r = fixes._row(n)
+        return {"round": round_, "fix": n, "pattern": r["pattern"], "source": r["source"], "action": r["action"],
+                "applied": done[0], "detail": done[1]}
+
+    def _expose(self, step: Step, warmup: int, rounds: int) -> list[tuple[Fixes, list[int]]]:
+        """The automatic fixes of the causes that appear once the fixes made so far are, a round
+        at a time, each round audited on a copy of ``step``'s model with the rounds before it
+        made (the source edits are in force already; the model's own changes are in it): until
+        a round finds no new cause with an automatic fix, at most ``rounds`` rounds."""
+        known = _cause_keys(self.audit.causes()) if self.audit is not None else set()
+        found: list[tuple[Fixes, list[int]]] = []
+        undo: list[Callable[[], None]] = []
+        patches: list[CodePatch] = []
+        fixed_model = copy.deepcopy(step.model)
+        try:
+            for _ in range(max(rounds, 0)):
+                after = _audit(step.replace(model=copy.deepcopy(fixed_model)), warmup)
+                more, automatic = _new_fixes(after, known)
+                if not automatic:
+                    break
+                found.append((more, automatic))
+                code, _ = more._edit_source(automatic)
+                if code is not None:
+                    patches.append(code)
+                undo.extend(_change_model(fixed_model, more.frame, more._proposals, automatic)[0])
+        finally:
+            for p in reversed(patches):  # apply() makes them again, on the model itself
+                p.undo()
+            for fn in reversed(undo):
+                fn()
+        return found
+
+    def _found_by_verify(self, numbers: list[int]) -> list[tuple[Fixes, list[int]]]:
+        """The exposed fixes the last :meth:`verify` made with every automatic fix, where those
+        are the automatic ones among ``numbers`` (a fix by hand is made by neither): what it
+        found holds only for the same fixes."""
+        made, found = self._verified_rounds
+        automatic = tuple(n for n in numbers if self._row(n)["automatic"])
+        return list(found) if automatic and made == automatic else []
 
     def undo(self) -> None:
         """Take back everything :meth:`apply` did: the source edits, and the module swaps, weight
@@ -116,6 +190,7 @@ class Fixes:
         if self._code is not None:
             self._code.undo()
             self._code = None
+        self._rounds = []
         while self._model_undo:
             self._model_undo.pop()()
 
@@ -170,7 +245,8 @@ class Fixes:
         for group in statements.values():
             st = group[0][1].edit[0]
             try:
-                new = rw.rewrite(st, [(p.edit[1], p.edit[2]) for _, p in group])
+                # two causes of one pattern rewritten together (slices on two statements) are one rewrite
+                new = rw.rewrite(st, list(dict.fromkeys((p.edit[1], p.edit[2]) for _, p in group)))
             except rw.Refused as exc:
                 failed.update({n: f"by hand: {exc}" for n, _ in group})
                 continue
@@ -203,9 +279,11 @@ class Fixes:
         """The source edits as one unified diff: ``git apply`` (or ``patch -p1``) takes it in the
         project a file belongs to; an installed library's file is a diff against the installed
         file, labelled so. Fixes that are no source edit, or cannot be made, are listed in ``#``
-        lines at its head, which ``git apply`` and ``patch`` skip."""
+        lines at its head, which ``git apply`` and ``patch`` skip. The source edits of the
+        causes the last :meth:`apply` found exposed are in it too."""
         groups, failed = self._planned_edits(self._numbers(fixes))
-        edits = [edit for edit, _ in groups]
+        # and the source edits of the causes the last apply() found exposed, made after these
+        edits = [edit for edit, _ in groups] + [e for more, made in self._rounds for e in more.source_edits(made)]
         head = []
         for n in self._numbers(fixes):
             p, row = self._proposals.get(n), self._row(n)
@@ -338,6 +416,7 @@ class Fixes:
             if not automatic:
                 break
             extra.append((more, automatic))
+        self._verified_rounds = (tuple(numbers), list(extra))
         if len(numbers) == 1 and not extra:
             [alone] = [r for r in rows if r["fix"] == numbers[0]]
             return {**alone, "kind": "all", "fix": 0, "cause": 0, "pattern": "", "source": ""}, found
@@ -385,6 +464,27 @@ def _audit(step: Step, warmup: int) -> Audit:
     """The step audited as :func:`auditor.audit` would, after ``warmup`` steps."""
     step.warm_up(warmup)
     return record_step(step, record_source=True, record_time=True, warmup=warmup)
+
+
+def _new_fixes(after: Audit, known: set[tuple]) -> tuple[Fixes | None, list[int]]:
+    """The fixes of ``after`` and the numbers of the automatic ones among the causes not in
+    ``known`` (which they are added to); (None, []) where no cause is new."""
+    causes = after.causes()
+    new = causes[[k not in known for k in _keys_of(causes)]]
+    if new.empty:
+        return None, []
+    known |= _cause_keys(new)
+    more = suggest_fixes(after)
+    mine = more.frame[more.frame["cause"].isin(new["cause"]) & more.frame["automatic"]]
+    return more, [int(n) for n in mine["fix"]]
+
+
+def _joined(first: CodePatch | None, second: CodePatch | None) -> CodePatch | None:
+    """Two patches in force as one, which undo() and redo() take back and make again together."""
+    if first is None or second is None:
+        return first or second
+    return CodePatch(first.edits + second.edits, active=first.active and second.active,
+                     functions=list(dict.fromkeys(first.functions + second.functions)))
 
 
 def _cause_keys(causes: pd.DataFrame) -> set[tuple]:
@@ -553,7 +653,9 @@ def suggest_fixes(audit: Audit) -> Fixes:
         added = p.added_bytes * (2 if backward else 1)  # a region's edges convert gradients too
         if removed - added <= 0 and p.automatic:
             p.reason = (f"its edges would convert {format_bytes(added)} where it removes {format_bytes(removed)}: "
-                        "auditor.plan_layout measures whether another layout pays")
+                        f"auditor.plan_layout times the model with this region kept contiguous (its candidate "
+                        f"'{region_candidate_name(p.region)}') against the uniform layouts, "
+                        "and auditor.apply_plan applies it where it measures faster")
         rows.append({"cause": cause.cause, "pattern": cause.pattern, "action": p.action, "module": cause.module,
                      "module_type": cause.module_type, "op": cause.op, "source": cause.source, "line": p.line,
                      "suggestion": p.suggestion, "detail": p.detail, "hotspots": len(mine),
@@ -570,6 +672,14 @@ def suggest_fixes(audit: Audit) -> Fixes:
     by_number = {int(number[c]): p for c, p in proposals if c in number}
     frame = frame[FIX_COLUMNS].astype({"fix": "int64", "cause": "int64", "automatic": bool})
     return Fixes(frame, out_hot, audit, by_number)
+
+
+def region_candidate_name(region: Iterable[str]) -> str:
+    """The name :func:`auditor.plan_layout` gives the candidate that keeps a region fix's
+    convolutions contiguous (:mod:`auditor._plan._regions`): the convolutions."""
+    names = list(region)
+    more = f" and {len(names) - 2} more" if len(names) > 2 else ""
+    return f"region {', '.join(names[:2])}{more} contiguous"
 
 
 def _check_changeable(model) -> None:

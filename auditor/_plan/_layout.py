@@ -34,6 +34,7 @@ from ._assign import CL_NAME, converted_inputs, rank_names
 from ._check import record, reference_output
 from ._cut import energy, min_cut, regions
 from ._graph import hotspot_edges, plan_graph
+from ._regions import region_candidates
 from ._measure import (
     border_costs,
     candidate_rounds,
@@ -93,12 +94,14 @@ class LayoutPlan:
             channels_last audit, with its measured time in both directions.
         candidates: whole-model times, predicted and measured (median on ``clock``; ``spread``
             is the interquartile range over the median): ``planned`` (the minimum cut),
-            ``all contiguous``, ``all channels_last``; ``vs``, ``ratio``, ``ratio_low``,
+            ``all contiguous``, ``all channels_last``, and ``region <convolutions> contiguous`` for
+            each region a fix would keep contiguous whose edges convert more bytes than it
+            removes (:mod:`._regions`; all channels_last but that region); ``vs``, ``ratio``, ``ratio_low``,
             ``ratio_high``, ``repeats``, ``within_noise``: the decision that weighed the
             candidate against another (median of paired ratios and its 98% interval);
             ``chosen`` marks the one applied: the default uniform format unless the other one
-            measured ``margin`` faster beyond the noise, and the cut only if it measured
-            ``margin`` faster than that beyond the noise.
+            measured ``margin`` faster beyond the noise, and the cut or a region only if it
+            measured ``margin`` faster than that beyond the noise (the fastest of those that did).
         default: the simpler uniform layout a decision within noise keeps: the format of the
             model's convolution weights as given (``contiguous`` for a freshly built model).
         margin: what an alternative must gain, as a fraction, for a decision to take it.
@@ -337,6 +340,8 @@ def _plan(step: Step, repeats, max_repeats, recordings, margin, clock, given, de
         "all contiguous": dict.fromkeys(names, "contiguous"),
         "all channels_last": dict.fromkeys(names, "channels_last"),
     }
+    for name, labels in region_candidates(structure, names).items():
+        options.setdefault(name, labels)
     stage("whole model", len(set(map(lambda o: tuple(sorted(o.items())), options.values()))) * repeats)
     cand_rounds, timed_as = candidate_rounds(step, options, ranks, calls, device)
     cand = _choose(options, cand_rounds, timed_as, unary, pair, clock=clock, default=default, margin=margin,
@@ -419,6 +424,9 @@ def _choose(options: dict, rounds, timed_as: dict, unary, pair, *, clock: str, d
     default_name = f"all {default}"
     alt_name = f"all {other_format(default)}"
     is_uniform = options["planned"] in (options["all contiguous"], options["all channels_last"])
+    uniforms = (options["all contiguous"], options["all channels_last"])
+    regions = [n for n in options if n not in ("planned", "all contiguous", "all channels_last")
+               and options[n] not in uniforms]
     step = max(1, repeats)
     rounds.run(repeats)
     tick(repeats * len(rounds.fns))
@@ -431,6 +439,8 @@ def _choose(options: dict, rounds, timed_as: dict, unary, pair, *, clock: str, d
         uniform = alt_name if alt_name in out and out[alt_name][1].takes_alternative else default_name
         if not is_uniform:
             out["planned"] = (uniform, decide(ratios(t[timed_as["planned"]], t[timed_as[uniform]]), margin))
+        for name in regions:  # a region the fixes would keep contiguous, against the better uniform format
+            out[name] = (uniform, decide(ratios(t[timed_as[name]], t[timed_as[uniform]]), margin))
         return uniform, out
 
     while True:
@@ -440,7 +450,9 @@ def _choose(options: dict, rounds, timed_as: dict, unary, pair, *, clock: str, d
         n = min(step, max_repeats - len(rounds))
         rounds.run(n)
         tick(n * len(rounds.fns))
-    best = "planned" if "planned" in made and made["planned"][1].takes_alternative else uniform
+    # the cut or a region, where it measures margin faster than the better uniform format: the fastest of them
+    taken = [n for n in ("planned", *regions) if n in made and made[n][1].takes_alternative]
+    best = min(taken, key=lambda n: made[n][1].ratio) if taken else uniform
     frame = rounds.frame()
     rows = []
     for name, labels in options.items():

@@ -1,0 +1,74 @@
+"""Ops of an input that is both formats at once (an N×C×1×1 map, an N×1×H×W one), found as
+nc11_broadcast: each fixed the way its op allows, or by hand with a reason that is true."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+from planted import CatOfMaps, ChannelMeanNorm, UpsampleOnePixel
+
+import auditor
+from auditor._fix import _suggest
+from auditor._fix._keep_format import BroadcastUpsample
+
+CL = torch.channels_last
+QUICK = {"rounds": 3, "max_rounds": 3, "budget_s": 2.0}
+
+
+def _made(cls, *args):
+    torch.manual_seed(0)
+    model = cls(*args).to(memory_format=CL)
+    torch.manual_seed(1)
+    return model, torch.randn(2, 3, 8, 8).to(memory_format=CL)
+
+
+@pytest.mark.parametrize("mode", ["nearest", "bilinear", "bicubic"])
+def test_an_upsample_of_a_one_pixel_map_is_swapped_for_a_broadcast(mode):
+    model, x = _made(UpsampleOnePixel, mode)
+    f = auditor.suggest_fixes(auditor.audit(model, x))
+    [row] = f.frame.itertuples()
+    assert row.pattern == "nc11_broadcast" and row.action == _suggest.SWAP and row.automatic
+    assert "auditor._fix._keep_format.BroadcastUpsample.from_module(model.up)" in row.suggestion
+    v = f.verify(model, x, **QUICK)
+    assert v["applied"].all() and v["same_outputs"].all() and (v["hotspots_after"] == 0).all()
+
+
+def test_the_broadcast_is_a_view_with_the_values_of_every_mode():
+    m = torch.randn(2, 4, 1, 1)
+    for mode in ("nearest", "bilinear", "bicubic", "area"):
+        up = nn.Upsample(size=(5, 3), mode=mode)
+        out = BroadcastUpsample.from_module(up)(m)
+        assert out.shape == (2, 4, 5, 3) and out.stride() == (4, 1, 0, 0)  # a view: no format named
+        assert torch.allclose(out, up(m), atol=1e-6)
+    up = nn.Upsample(scale_factor=2.5, mode="nearest")
+    assert BroadcastUpsample.from_module(up)(m).shape == up(m).shape
+    bigger = torch.randn(2, 4, 2, 2).contiguous(memory_format=CL)
+    assert torch.equal(BroadcastUpsample.from_module(up)(bigger), up(bigger))
+    with pytest.raises(ValueError, match="no Upsample"):
+        BroadcastUpsample.from_module(nn.ReLU())
+
+
+def test_a_mean_over_the_channels_is_written_as_a_sum_whose_backward_is_a_view():
+    model, x = _made(ChannelMeanNorm)
+    f = auditor.suggest_fixes(auditor.audit(model, x))
+    [row] = f.frame.itertuples()
+    assert row.pattern == "nc11_broadcast" and row.automatic
+    assert "PyTorch's backward of a mean over dimensions (1,)" in row.detail
+    assert row.suggestion.strip().startswith("v = (_pooled := x.pow(2)).sum(1, keepdim=True) / (_pooled.shape[1])")
+    v = f.verify(model, x, **QUICK)
+    assert v["applied"].all() and v["same_outputs"].all() and (v["hotspots_after"] == 0).all()
+
+
+def test_another_op_of_a_map_that_is_both_formats_is_by_hand_and_its_reason_holds():
+    model, x = _made(CatOfMaps)
+    f = auditor.suggest_fixes(auditor.audit(model, x))
+    rows = f.frame[(f.frame["pattern"] == "nc11_broadcast") & f.frame["op"].str.startswith("aten.cat")]
+    assert len(rows) == 1 and not rows["automatic"].iloc[0]  # (the channel mean's backward is the other cause)
+    reason = rows["reason"].iloc[0]
+    assert reason.startswith("cat.default takes an input whose memory order is both formats at once ((2, 1, 8, 8): ")
+    # the claim: the maps are dense in both formats, and the cat of them comes out contiguous
+    a = torch.randn(2, 1, 8, 8).contiguous(memory_format=CL)
+    assert a.is_contiguous() and a.is_contiguous(memory_format=CL)
+    out = torch.cat([a, a], dim=1)
+    assert out.is_contiguous() and not out.is_contiguous(memory_format=CL)
