@@ -27,13 +27,7 @@ from ._fix._convert import (
     to_channels_last,
 )
 from ._fix._hooks import keep_contiguous
-from ._fix._keep_format import (
-    GlobalAvgPool,
-    LayerNormKeepFormat,
-    SoftmaxKeepFormat,
-    TemporalConv,
-    swap_instance_norm,
-)
+from ._fix._keep_format import keep_format
 from ._fix._suggest import Fixes, suggest_fixes
 from ._measure._harness import steady_malloc
 from ._plan._apply import apply_plan
@@ -61,11 +55,7 @@ __all__ = [
     "keep_contiguous",
     "convert_conv2d_weight_memory_format",
     "convert_conv3d_weight_memory_format",
-    "SoftmaxKeepFormat",
-    "LayerNormKeepFormat",
-    "GlobalAvgPool",
-    "TemporalConv",
-    "swap_instance_norm",
+    "keep_format",
     # planning
     "plan_layout",
     "apply_plan",

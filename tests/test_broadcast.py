@@ -29,7 +29,7 @@ def test_an_upsample_of_a_one_pixel_map_is_swapped_for_a_broadcast(mode):
     f = auditor.suggest_fixes(auditor.audit(model, x))
     [row] = f.frame.itertuples()
     assert row.pattern == "nc11_broadcast" and row.action == _suggest.SWAP and row.automatic
-    assert "auditor._fix._keep_format.BroadcastUpsample.from_module(model.up)" in row.suggestion
+    assert "model.up = auditor.keep_format(model.up)" in row.suggestion
     v = f.verify(model, x, **QUICK)
     assert v["applied"].all() and v["same_outputs"].all() and (v["hotspots_after"] == 0).all()
 

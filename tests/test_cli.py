@@ -412,7 +412,7 @@ def test_fix_prints_and_writes_the_suggested_fixes(models_file, tmp_path, capsys
     assert main([f"{models_file}:small", "--input", "1,3,8,8", "--fix", "--trace", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     fixes = (out / "fixes.txt").read_text()
-    assert "SoftmaxKeepFormat" in fixes and fixes.strip() in printed
+    assert "auditor.keep_format(" in fixes and fixes.strip() in printed
     assert printed.index("Hotspots:") < printed.index(fixes.strip())  # after the report
     written = sorted(p.name for p in out.iterdir())
     # every file but those of --verify and --compile (--force checks them all)

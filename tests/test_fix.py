@@ -194,16 +194,28 @@ def test_format_keeping_layer_norm_and_instance_norm_swaps():
     ln = nn.LayerNorm([4, 5, 5])
     nn.init.normal_(ln.weight)
     nn.init.normal_(ln.bias)
-    swapped = auditor.LayerNormKeepFormat.from_module(ln)
+    swapped = auditor.keep_format(ln)
     assert swapped.weight is ln.weight
     torch.testing.assert_close(swapped(x), ln(x), rtol=1e-4, atol=1e-5)
     assert swapped(x).is_contiguous(memory_format=CL)
     inorm = nn.InstanceNorm2d(4, affine=True)
-    gn = auditor.swap_instance_norm(inorm)
+    gn = auditor.keep_format(inorm)
     torch.testing.assert_close(gn(x), inorm(x), rtol=1e-4, atol=1e-5)
     assert gn(x).is_contiguous(memory_format=CL)
     with pytest.raises(ValueError, match="running stats"):
-        auditor.swap_instance_norm(nn.InstanceNorm2d(4, track_running_stats=True))
+        auditor.keep_format(nn.InstanceNorm2d(4, track_running_stats=True))
+
+
+def test_keep_format_refuses_a_module_it_has_no_same_valued_replacement_for():
+    with pytest.raises(ValueError, match="no format-keeping replacement for ReLU: one exists for .*Softmax"):
+        auditor.keep_format(nn.ReLU())
+    with pytest.raises(ValueError, match="more than one value per channel"):
+        auditor.keep_format(nn.AdaptiveAvgPool2d(2))
+    with pytest.raises(ValueError, match="spans more than time"):
+        auditor.keep_format(nn.Conv3d(2, 2, 3))
+    up = auditor.keep_format(nn.Upsample(scale_factor=4))
+    m = torch.randn(2, 3, 1, 1)
+    assert torch.equal(up(m), nn.functional.interpolate(m, scale_factor=4)) and up(m).stride()[-2:] == (0, 0)
 
 
 # -- suggested fixes --------------------------------------------------------------------------------
@@ -310,7 +322,7 @@ def test_applying_swap_and_region_fixes_in_place(fixes, name):
 def test_swap_suggestion_is_code_for_the_module(fixes):
     row = fixes["softmax"][1].frame.iloc[0]
     assert row["module"] == "mid" and row["module_type"] == "Softmax"
-    assert row["suggestion"] == "model.mid = auditor.SoftmaxKeepFormat.from_module(model.mid)"
+    assert row["suggestion"] == "model.mid = auditor.keep_format(model.mid)"
 
 
 def test_region_fix_names_the_convolutions_around_the_break(fixes):
@@ -671,10 +683,10 @@ def test_a_module_swap_covers_every_instance_that_shows_the_cause():
     if swaps.empty:
         pytest.skip("this machine's kernels make no cause of the pool's backward")
     modules = swaps.iloc[0]["suggestion"]
-    assert ".pool = auditor.GlobalAvgPool" in modules and "# and 2 more like it" in modules, modules
+    assert ".pool = auditor.keep_format(" in modules and "# and 2 more like it" in modules, modules
     f.apply(model)
     try:
         assert auditor.audit(model, x, record_time=False).hotspots().empty
-        assert all(isinstance(b.pool, auditor.GlobalAvgPool) for b in model.blocks)
+        assert all(isinstance(b.pool, _keep_format.GlobalAvgPool) for b in model.blocks)
     finally:
         f.undo()

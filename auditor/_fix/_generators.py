@@ -28,7 +28,7 @@ from .._analysis._causes import CauseTracer
 from .._analysis._flow import FlowView
 from .._display._text import short_source
 from .._recording._cells import recorded
-from ._keep_format import BROADCAST_SWAPS, CONV_SWAPS, SWAPS
+from ._keep_format import BROADCAST_SWAPS, CONV_SWAPS, KEEP_FORMAT, SWAPS
 from ._patch import live_functions
 
 if TYPE_CHECKING:  # the rewrites need libcst: imported when a fix is first proposed
@@ -257,8 +257,7 @@ def _torch_module_type(name: str, table) -> type | None:
 
 
 def _swap(c: CauseView, modules: list[str], typ: type, table, why: str) -> Proposal:
-    factory = table[typ][1]
-    lines = [f"{module_expr(m)} = {factory}({module_expr(m)})" for m in modules]
+    lines = [f"{module_expr(m)} = {KEEP_FORMAT}({module_expr(m)})" for m in modules]
     more = f"  # and {len(lines) - 1} more like it" if len(lines) > 1 else ""
     return c.proposal(SWAP, why, suggestion=lines[0] + more, extra={"modules": modules, "table": table})
 

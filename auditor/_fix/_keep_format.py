@@ -189,25 +189,48 @@ def swap_instance_norm(module: nn.modules.instancenorm._InstanceNorm) -> nn.Grou
     return gn
 
 
-#: module type -> (factory of a format-keeping replacement, its name in a suggestion)
+#: the public factory every swap suggestion names (one name for every replacement)
+KEEP_FORMAT = "auditor.keep_format"
+
+#: module type -> the factory of its format-keeping replacement
 SWAPS = {
-    nn.Softmax: (SoftmaxKeepFormat.from_module, "auditor.SoftmaxKeepFormat.from_module"),
-    nn.LogSoftmax: (SoftmaxKeepFormat.from_module, "auditor.SoftmaxKeepFormat.from_module"),
-    nn.LayerNorm: (LayerNormKeepFormat.from_module, "auditor.LayerNormKeepFormat.from_module"),
-    nn.InstanceNorm2d: (swap_instance_norm, "auditor.swap_instance_norm"),
-    nn.InstanceNorm3d: (swap_instance_norm, "auditor.swap_instance_norm"),
-    nn.AdaptiveAvgPool2d: (GlobalAvgPool.from_module, "auditor.GlobalAvgPool.from_module"),
-    nn.AdaptiveAvgPool3d: (GlobalAvgPool.from_module, "auditor.GlobalAvgPool.from_module"),
+    nn.Softmax: SoftmaxKeepFormat.from_module,
+    nn.LogSoftmax: SoftmaxKeepFormat.from_module,
+    nn.LayerNorm: LayerNormKeepFormat.from_module,
+    nn.InstanceNorm2d: swap_instance_norm,
+    nn.InstanceNorm3d: swap_instance_norm,
+    nn.AdaptiveAvgPool2d: GlobalAvgPool.from_module,
+    nn.AdaptiveAvgPool3d: GlobalAvgPool.from_module,
 }
 
+#: module type -> a replacement that broadcasts an N×C×1×1 map instead of interpolating it
+BROADCAST_SWAPS = {nn.Upsample: BroadcastUpsample.from_module}
 
-#: module type -> (a replacement that broadcasts an N×C×1×1 map instead of interpolating it, its name)
-#: (not a public name: the public surface is kept to 40 names, so the suggestion names its module)
-BROADCAST_SWAPS = {nn.Upsample: (BroadcastUpsample.from_module,
-                                 "auditor._fix._keep_format.BroadcastUpsample.from_module")}
+#: convolution type -> a replacement with a channels_last kernel where it has none
+CONV_SWAPS = {nn.Conv3d: TemporalConv.from_module}
 
-#: convolution type -> (a replacement with a channels_last kernel where it has none, its name)
-CONV_SWAPS = {nn.Conv3d: (TemporalConv.from_module, "auditor.TemporalConv.from_module")}
+_EVERY_SWAP = {**SWAPS, **BROADCAST_SWAPS, **CONV_SWAPS}
+
+
+def keep_format(module: nn.Module) -> nn.Module:
+    """The drop-in replacement of ``module`` that keeps channels_last where torch's own module
+    loses it on CPU; the fixes' module swaps name this. It computes the same values and shares
+    ``module``'s Parameters:
+
+    - ``Softmax``, ``LogSoftmax``: computed on the NHWC view;
+    - ``LayerNorm`` over (C, H, W): a one-group ``group_norm`` and a broadcast affine;
+    - ``InstanceNorm2d/3d`` without running stats: a ``GroupNorm`` with a group per channel;
+    - ``AdaptiveAvgPool2d/3d(1)``: a sum divided by H·W, whose backward is a view;
+    - ``Upsample``: an N×C×1×1 map broadcast as a view (any other input is interpolated);
+    - ``Conv3d`` whose kernel, stride and padding span time only: a ``Conv2d`` over (T, H·W).
+
+    Raises ValueError for any other module, and for one of these types whose settings have no
+    same-valued replacement (a pool to more than one value, a Conv3d spanning space)."""
+    base = next((t for t in type(module).__mro__ if t in _EVERY_SWAP), None)
+    if base is None:
+        raise ValueError(f"no format-keeping replacement for {type(module).__name__}: one exists for "
+                         + ", ".join(sorted({t.__name__ for t in _EVERY_SWAP})))
+    return _EVERY_SWAP[base](module)
 
 
 def swap_module(model: nn.Module, name: str, table: dict | None = None) -> nn.Module:
@@ -227,7 +250,7 @@ def swap_module(model: nn.Module, name: str, table: dict | None = None) -> nn.Mo
     if type(old).forward is not base.forward:
         raise ValueError(f"{type(old).__name__} ({name!r}) has a forward of its own, not {base.__name__}'s: "
                          "its format-keeping replacement could compute other values")
-    new = table[base][0](old)
+    new = table[base](old)
     parent, _, attr = name.rpartition(".")
     setattr(model.get_submodule(parent) if parent else model, attr, new)
     return new
