@@ -47,6 +47,16 @@ def test_writes_every_file_and_prints_the_report(models_file, tmp_path, capsys):
     assert "aten._softmax.default" in (out / "report.txt").read_text()
 
 
+def test_a_model_files_sequential_gets_no_source_line_of_the_command_lines(models_file, tmp_path):
+    """An nn.Sequential built in a model file runs only torch's code: its ops have no line of
+    the user's, and the frames above the auditor (the command line's script, or this test) are
+    not named as theirs (format_auditor_cli.py:224 was)."""
+    out = tmp_path / "out"
+    assert main([f"{models_file}:small", "--input", "2,3,16,16", "--out", str(out), "--record-source"]) == 0
+    sources = set(pd.read_csv(out / "events.csv", keep_default_na=False)["source"])
+    assert not [s for s in sources if "format_auditor_cli" in s or "test_cli" in s or "auditor" in s], sources
+
+
 def test_several_models_get_a_directory_each(models_file, tmp_path, capsys):
     out = tmp_path / "out"
     assert main([f"{models_file}:small", f"{models_file}:clean", "--input", "1,3,8,8", "--out", str(out), "--no-backward"]) == 0
