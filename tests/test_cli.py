@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from chromium_fit import needs_chromium, overflows
 from fault_models import CLI_FACTORIES as FACTORY
 from matplotlib.image import imread
 
@@ -296,6 +298,24 @@ def test_threads_sets_torchs_count_and_html_writes_the_report(models_file, tmp_p
     page = (out / "report.html").read_text()
     assert page.startswith("<!DOCTYPE html>") and "Format audit:" in page and "<table" in page
     assert main([f"{models_file}:small", "--html"]) == 2
+
+
+@pytest.mark.slow
+def test_report_html_tables_fit_1400_px_in_chromium(tmp_path, monkeypatch):
+    """report.html of a model whose cause sits in a library's file (a long file:line), with its
+    fixes and their verification, fits a 1400 px window in headless Chromium (issue 29)."""
+    browser = needs_chromium()
+    real = auditor.Fixes.verify
+    monkeypatch.setattr(auditor.Fixes, "verify",  # a short verification: its table is what is laid out
+                        lambda self, *a, **k: real(self, *a, **{**k, "rounds": 4, "max_rounds": 4, "budget_s": 5}))
+    out = tmp_path / "out"
+    assert main(["torchvision:shufflenet_v2_x0_5", "--input", "2,3,32,32", "--html", "--fix", "--verify",
+                 "--out", str(out), "--no-progress"]) == 0
+    shots = os.environ.get("AUDITOR_SHOTS")  # a folder: a screenshot of the page, to look at
+    result = overflows((out / "report.html").read_text(), tmp_path, "report", browser,
+                       screenshot=Path(shots) / "cli_report.png" if shots else None)
+    assert result["tables"] >= 4 and result["width"] == 1400
+    assert result["bad"] == []
 
 
 def test_help_says_what_top_limits_and_offers_threads_and_html():
