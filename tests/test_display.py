@@ -420,6 +420,8 @@ def test_conversions_only_the_compiled_step_makes_are_not_listed_as_eager_causes
     assert "only compiled" not in eager.split("Eager causes under the compiler:")[1] and "only compiled" in only
     page = compiled_html(graphs, conv, compared)
     assert page.index("Eager causes under the compiler") < page.index("Conversions only the compiled step makes")
+    # counts take their noun's number: "1 graph, 0 conversion kernels", not "1 graphs" (seen in Chromium)
+    assert "1 graph, 0 conversion kernels" in text and "1 conversion only the compiled step makes" in text
 
 
 def test_a_long_dotted_name_may_wrap_at_its_dots_and_nothing_else_is_cut():
