@@ -402,6 +402,8 @@ def test_the_verification_html_shows_units_and_leads_with_the_measured_saving():
     with pytest.raises(ValueError, match="same heading"):
         table_html(pd.DataFrame({"a": [1], "b": [2]}), columns={"a": "x", "b": "x"})
     assert "anywhere" not in page  # words wrap whole, never cut mid-word
+    together = verification_html(pd.DataFrame([row, {**row, "kind": "all", "fix": 0, "pattern": "", "source": ""}]))
+    assert re.search(r">all</td>\s*<td[^>]*>-</td>", together)  # all fixes together are no fix 0
 
 
 def test_conversions_only_the_compiled_step_makes_are_not_listed_as_eager_causes():
