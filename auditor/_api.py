@@ -11,7 +11,7 @@ import torch
 from ._fake import fake_audit, resolve_device, resolve_dtype
 from ._recording._torch import is_compiled_module, original_module
 from ._result import Audit
-from ._session import record_compiled_step, record_step
+from ._session import record_compiled_step, record_step, warm_up
 from ._step import Step
 
 
@@ -79,7 +79,7 @@ def audit(
         return _compiled_audit(step, compile_options, record_time=record_time, strict=strict,
                                record_source=record_source, warmup=warmup)
     with timing_threads(record_time) as threads:
-        step.warm_up(warmup)
+        warm_up(step, warmup, record_time=record_time)
         return record_step(step, strict=strict, record_source=record_source, record_time=record_time,
                            warmup=warmup, threads=threads)
 
@@ -176,6 +176,6 @@ def _compiled_audit(step: Step, compile_options, *, record_time: bool, strict: b
                                     record_time=record_time)
     _tell("recording")
     with timing_threads(record_time) as threads:
-        eager.warm_up(warmup)
+        warm_up(eager, warmup, record_time=record_time)
         return record_step(eager, strict=strict, record_source=record_source, record_time=record_time,
                            warmup=warmup, compiled=compiled, threads=threads)

@@ -483,7 +483,7 @@ def html_page(result: ModelAudit) -> str:
     if result.suggested is not None:
         body += result.suggested._repr_html_()
     return ("<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>format-audit</title>"
-            "<style>body{font-family:sans-serif;margin:1.5em;max-width:1400px}"
+            "<style>body{font-family:sans-serif;font-size:14px;margin:1.5em;max-width:1400px}"
             "table{border-collapse:collapse;margin:0.6em 0}td,th{border:1px solid #ccc;padding:2px 6px;"
             "vertical-align:top}caption{text-align:left;font-weight:bold}</style></head><body>"
             f"<h2>{html_escape.escape(result.title)}</h2>{body}</body></html>\n")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from chromium_fit import needs_chromium, overflows
 from fault_models import CLI_FACTORIES as FACTORY
 from matplotlib.image import imread
 
@@ -45,6 +47,16 @@ def test_writes_every_file_and_prints_the_report(models_file, tmp_path, capsys):
         img = imread(out / png)
         assert img.shape[0] > 150 and (img[..., :3] < 0.97).any(axis=-1).mean() > 0.03
     assert "aten._softmax.default" in (out / "report.txt").read_text()
+
+
+def test_a_model_files_sequential_gets_no_source_line_of_the_command_lines(models_file, tmp_path):
+    """An nn.Sequential built in a model file runs only torch's code: its ops have no line of
+    the user's, and the frames above the auditor (the command line's script, or this test) are
+    not named as theirs (format_auditor_cli.py:224 was)."""
+    out = tmp_path / "out"
+    assert main([f"{models_file}:small", "--input", "2,3,16,16", "--out", str(out), "--record-source"]) == 0
+    sources = set(pd.read_csv(out / "events.csv", keep_default_na=False)["source"])
+    assert not [s for s in sources if "format_auditor_cli" in s or "test_cli" in s or "auditor" in s], sources
 
 
 def test_several_models_get_a_directory_each(models_file, tmp_path, capsys):
@@ -286,6 +298,24 @@ def test_threads_sets_torchs_count_and_html_writes_the_report(models_file, tmp_p
     page = (out / "report.html").read_text()
     assert page.startswith("<!DOCTYPE html>") and "Format audit:" in page and "<table" in page
     assert main([f"{models_file}:small", "--html"]) == 2
+
+
+@pytest.mark.slow
+def test_report_html_tables_fit_1400_px_in_chromium(tmp_path, monkeypatch):
+    """report.html of a model whose cause sits in a library's file (a long file:line), with its
+    fixes and their verification, fits a 1400 px window in headless Chromium (issue 29)."""
+    browser = needs_chromium()
+    real = auditor.Fixes.verify
+    monkeypatch.setattr(auditor.Fixes, "verify",  # a short verification: its table is what is laid out
+                        lambda self, *a, **k: real(self, *a, **{**k, "rounds": 4, "max_rounds": 4, "budget_s": 5}))
+    out = tmp_path / "out"
+    assert main(["torchvision:shufflenet_v2_x0_5", "--input", "2,3,32,32", "--html", "--fix", "--verify",
+                 "--out", str(out), "--no-progress"]) == 0
+    shots = os.environ.get("AUDITOR_SHOTS")  # a folder: a screenshot of the page, to look at
+    result = overflows((out / "report.html").read_text(), tmp_path, "report", browser,
+                       screenshot=Path(shots) / "cli_report.png" if shots else None)
+    assert result["tables"] >= 4 and result["width"] == 1400
+    assert result["bad"] == []
 
 
 def test_help_says_what_top_limits_and_offers_threads_and_html():

@@ -359,3 +359,32 @@ def test_changed_inductor_internals_are_refused(monkeypatch):
                         ("node_schedule", "kernel_name", "no_such_parameter"))
     with pytest.raises(TorchInternalsError, match="set_kernel_post_grad_provenance_tracing"):
         _torch.require_inductor()
+
+
+@needs_inductor
+@pytest.mark.slow
+def test_a_compiled_audit_keeps_torchs_device_noise_out_and_the_users_warnings_in():
+    """Issue 29: on a machine without a GPU a compiled audit printed Kineto's "USDT ...
+    profiler_start" and "ERROR ... gpuGetDeviceCount failed" lines and cpp_extension's "No CUDA
+    runtime is found", in a notebook as on the command line. The library keeps them out (the
+    profiler's own start and stop, that one log message); a warning of the user's model, and
+    its prints, still show."""
+    import subprocess
+    import sys
+
+    code = ("import warnings, torch, auditor\n"
+            "class M(torch.nn.Module):\n"
+            "    def __init__(self):\n"
+            "        super().__init__()\n"
+            "        self.c = torch.nn.Conv2d(3, 4, 1)\n"
+            "    def forward(self, x):\n"
+            "        warnings.warn('the model speaks')\n"
+            "        return self.c(x).softmax(1)\n"
+            "auditor.audit(M(), torch.randn(1, 3, 8, 8), compile=True)\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("KINETO_LOG_LEVEL", "TORCH_LOGS")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert done.returncode == 0, done.stderr[-3000:]
+    for noise in ("gpuGetDeviceCount", "USDT", "profiler_start", "No CUDA runtime is found"):
+        assert noise not in done.stderr, done.stderr[-3000:]
+    assert "the model speaks" in done.stderr

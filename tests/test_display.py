@@ -206,8 +206,10 @@ def test_fixes_read_the_line_of_a_notebook_cell(monkeypatch):
 
 def test_outside_ipython_sources_stay_and_ipython_is_not_imported():
     code = ("import sys, torch, auditor\n"
-            "a = auditor.audit(torch.nn.Conv2d(3, 3, 1), torch.randn(1, 3, 4, 4), record_time=False)\n"
-            "assert a.events['source'].str.contains(':2$').any(), list(a.events['source'])\n"
+            "class M(torch.nn.Conv2d):\n"
+            "    def forward(self, x): return super().forward(x) * 2\n"
+            "a = auditor.audit(M(3, 3, 1), torch.randn(1, 3, 4, 4), record_time=False)\n"
+            "assert a.events['source'].str.contains(':3$').any(), list(a.events['source'])\n"
             "a._repr_html_()\n"
             "assert 'IPython' not in sys.modules\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env={**os.environ, "AUDITOR_PROGRESS": "1"})
@@ -400,6 +402,8 @@ def test_the_verification_html_shows_units_and_leads_with_the_measured_saving():
     with pytest.raises(ValueError, match="same heading"):
         table_html(pd.DataFrame({"a": [1], "b": [2]}), columns={"a": "x", "b": "x"})
     assert "anywhere" not in page  # words wrap whole, never cut mid-word
+    together = verification_html(pd.DataFrame([row, {**row, "kind": "all", "fix": 0, "pattern": "", "source": ""}]))
+    assert re.search(r">all</td>\s*<td[^>]*>-</td>", together)  # all fixes together are no fix 0
 
 
 def test_conversions_only_the_compiled_step_makes_are_not_listed_as_eager_causes():
@@ -418,6 +422,8 @@ def test_conversions_only_the_compiled_step_makes_are_not_listed_as_eager_causes
     assert "only compiled" not in eager.split("Eager causes under the compiler:")[1] and "only compiled" in only
     page = compiled_html(graphs, conv, compared)
     assert page.index("Eager causes under the compiler") < page.index("Conversions only the compiled step makes")
+    # counts take their noun's number: "1 graph, 0 conversion kernels", not "1 graphs" (seen in Chromium)
+    assert "1 graph, 0 conversion kernels" in text and "1 conversion only the compiled step makes" in text
 
 
 def test_a_long_dotted_name_may_wrap_at_its_dots_and_nothing_else_is_cut():

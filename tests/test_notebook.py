@@ -8,6 +8,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from chromium_fit import needs_chromium, notebook_page, overflows
 from nbclient import NotebookClient
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "profile_a_model.ipynb"
@@ -20,21 +21,30 @@ def test_notebook_is_committed_without_outputs():
             assert cell.outputs == [] and cell.execution_count is None
 
 
+@pytest.fixture(scope="module")
+def executed(tmp_path_factory):
+    """The notebook run headless once, small (its folder holds what it writes)."""
+    folder = tmp_path_factory.mktemp("notebook")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AUDITOR_NOTEBOOK_SIZE", "32")
+        mp.setenv("AUDITOR_NOTEBOOK_BATCH", "2")
+        mp.setenv("AUDITOR_NOTEBOOK_MODEL", "shufflenet_v2_x0_5")
+        nb = nbformat.read(NOTEBOOK, as_version=4)
+        assert not [c for c in nb.cells if c.cell_type == "code" and "auditor._" in c.source]  # public names only
+        client = NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(folder)}})
+        client.execute()
+    if os.environ.get("AUDITOR_NOTEBOOK_KEEP"):  # the executed notebook, to look at
+        nbformat.write(nb, os.environ["AUDITOR_NOTEBOOK_KEEP"])
+    return nb, folder
+
+
 @pytest.mark.slow
-def test_notebook_runs_headless(tmp_path, monkeypatch):
+def test_notebook_runs_headless(executed):
     """The loop on a real model: its cause shown as an HTML table, the fix verified (hotspots,
     outputs, the measured saving) and printed as a patch, then applied, the cause gone on
     re-audit, both heatmaps, a small model eager beside compiled, and a CSV that reads back; only
     public names are used."""
-    monkeypatch.setenv("AUDITOR_NOTEBOOK_SIZE", "32")
-    monkeypatch.setenv("AUDITOR_NOTEBOOK_BATCH", "2")
-    monkeypatch.setenv("AUDITOR_NOTEBOOK_MODEL", "shufflenet_v2_x0_5")
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    assert not [c for c in nb.cells if c.cell_type == "code" and "auditor._" in c.source]  # public names only
-    client = NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
-    client.execute()
-    if os.environ.get("AUDITOR_NOTEBOOK_KEEP"):  # the executed notebook, to look at
-        nbformat.write(nb, os.environ["AUDITOR_NOTEBOOK_KEEP"])
+    nb, tmp_path = executed
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
     images = [o for o in outputs if "image/png" in o.get("data", {})]
@@ -48,6 +58,8 @@ def test_notebook_runs_headless(tmp_path, monkeypatch):
     said = "".join(o["text"] for o in diff_cell.outputs if o.output_type == "stream")
     assert re.search(r"hotspot groups \d+ -> 0; same outputs and gradients: True", said)  # the cause is gone
     assert re.search(r"measured: .*\[[\d.]+, [\d.]+\] over \d+ paired rounds", said)  # the saving's interval
+    assert re.search(r"saves -?[\d.]+ ms \[-?[\d.]+ ms, -?[\d.]+ ms\] of a [\d.]+ ms step", said)  # in units
+    assert not re.search(r"\d{4} µs|\d,\d{3}", said)  # no raw microseconds
     applied = _code(nb, "fixes.apply(fixed)")
     assert "True" in applied.outputs[0]["data"]["text/plain"]
     assert "(Fixes.patch() writes it as a diff)" in applied.outputs[0]["data"]["text/html"]  # detail shown whole
@@ -58,6 +70,23 @@ def test_notebook_runs_headless(tmp_path, monkeypatch):
     assert (tmp_path / "shufflenet_audit.csv").stat().st_size > 0
     assert (tmp_path / "shufflenet_trace.json").stat().st_size > 0
     assert nb.cells[-1].outputs[-1]["data"]["text/plain"] == "True"
+
+
+@pytest.mark.slow
+def test_notebook_tables_fit_1400_px_in_chromium(executed, tmp_path):
+    """Every HTML table the notebook shows fits a notebook's output area at a 1400 px window,
+    as headless Chromium lays it out (issue 29: the file:line column was cut at the right edge,
+    and auditor.diff's table ran past it)."""
+    browser = needs_chromium()
+    nb, _ = executed
+    fragments = [o["data"]["text/html"] for c in nb.cells if c.cell_type == "code" for o in c.outputs
+                 if "text/html" in o.get("data", {})]
+    assert len(fragments) >= 8
+    shots = os.environ.get("AUDITOR_SHOTS")  # a folder: a screenshot of the outputs, to look at
+    result = overflows(notebook_page(fragments), tmp_path, "notebook", browser,
+                       screenshot=Path(shots) / "notebook.png" if shots else None)
+    assert result["tables"] >= 8 and result["width"] == 1400
+    assert result["bad"] == []
 
 
 def _code(nb, text: str):
@@ -77,6 +106,7 @@ def _assert_verified_fixes(nb) -> None:
     cell = _code(nb, "fixes.verify(")
     table = _result(cell)["text/html"]
     assert ">verdict<" in table and ">same outputs<" in table and ">hotspots before<" in table
+    assert re.search(r">step before<.*>[\d.]+ ms<", table, re.S) and not re.search(r"\d,\d{3}", table)  # units
     assert re.search(r">(helps|hurts|within noise)<", table) and "changes outputs" not in table
     assert "not applied" not in table and not re.search(r">\d+\.\d{4,}<", table)  # times in units
     patch = _code(nb, "fixes.patch()")

@@ -323,11 +323,32 @@ def test_source_lines_forward_and_backward():
     assert "torch" not in conv_fw["source"].split(":")[0].split("/")[-3:-1]
     # on by default in audit() (causes name their line), off when asked and in a plain FormatAuditor
     default = auditor.audit(model, x).events
-    assert (default.loc[default["phase"] == "forward", "source"] != "").all()
+    forward = default[default["phase"] == "forward"]
+    in_model = forward["module"] != "<global>"
+    assert in_model.any() and (forward.loc[in_model, "source"] != "").all()
+    # the loss the audit's step takes of the outputs runs in the auditor: no line of the user's
+    assert (~in_model).any() and (forward.loc[~in_model, "source"] == "").all()
     assert (auditor.audit(model, x, record_source=False).events["source"] == "").all()
     with auditor.FormatAuditor() as fa:
         model(x)
     assert (fa.audit.events["source"] == "").all()
+
+
+def test_ops_that_only_torchs_modules_run_have_no_source_line():
+    """An nn.Sequential of torch's layers runs no line of the user's: the first frame outside
+    torch is the auditor's step, and the lines above it are the call of the audit (here this
+    file; in a notebook its cell, on the command line its own script), which is not where the op
+    is. A model whose own forward runs the layers keeps that forward's line."""
+    torch.manual_seed(0)
+    seq = nn.Sequential(nn.Conv2d(3, 8, 3), nn.Softmax(dim=1), nn.Conv2d(8, 4, 1))
+    x = torch.randn(2, 3, 8, 8)
+    ev = auditor.audit(seq, x, record_source=True).events
+    assert not ev["source"].str.contains("test_recorder.py").any()
+    assert (ev.loc[ev["phase"] == "forward", "source"] == "").all()
+    model, x = make("explicit_contiguous")
+    ev = auditor.audit(model, x, record_source=True).events
+    forward = ev[(ev["phase"] == "forward") & (ev["module"] != "<global>")]
+    assert len(forward) and forward["source"].str.contains("planted.py").all()
 
 
 def _line_of(text: str) -> int:

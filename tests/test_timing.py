@@ -334,3 +334,23 @@ def test_time_off_the_cpu_is_not_kernel_time(monkeypatch):
     assert (waited.events["duration_us"] > 0).all()
     assert (waited.events["time_us"] == 0).all()
     assert _mode.on_cpu([5, -1, 7], [9, 3, 2]) == [5, -1, 2]
+
+
+def test_a_timed_audits_last_warm_up_runs_under_the_profiler():
+    """The recorded step runs under torch's profiler, whose records take memory the plain step
+    never touched; the last warm-up step runs under it too, so that memory is mapped before the
+    recorded step (its page faults read as op time in a process's first audit). An untimed
+    audit's warm-up runs without it, and so do the timed audit's earlier warm-up steps."""
+    profiled = []
+
+    class Probe(nn.Module):
+        def forward(self, t):
+            profiled.append(torch._C._autograd._profiler_enabled())
+            return t * 2
+
+    x = torch.randn(2, 3, requires_grad=True)
+    auditor.audit(Probe(), x, warmup=3)
+    assert profiled == [False, False, True, True]  # two plain warm-ups, the profiled one, the recorded step
+    profiled.clear()
+    auditor.audit(Probe(), x, warmup=2, record_time=False)
+    assert profiled == [False, False, False]

@@ -209,6 +209,11 @@ def test_verdicts_follow_the_interval_of_the_paired_ratios():
                                         "rounds": 7, "saving_us": -20.0, "saving_low_us": -30.0,
                                         "saving_high_us": -10.0})
     assert text.startswith("1.20× slower") and "faster" not in text
+    row = {"verdict": "within noise", "ratio": 0.99, "ratio_low": 0.9, "ratio_high": 1.05, "rounds": 7}
+    assert "straddles 1" in saving_text(row)
+    # too few rounds for an interval: it may lie below 1 and still decide nothing, and is not said to straddle 1
+    few = saving_text({**row, "ratio": 0.95, "ratio_low": 0.902, "ratio_high": 0.981, "rounds": 4})
+    assert "straddles" not in few and "too few rounds" in few
 
 
 def test_values_are_compared_against_the_largest_of_their_kind():

@@ -14,9 +14,15 @@ def _headline(graphs: pd.DataFrame, conv: pd.DataFrame, compared: pd.DataFrame) 
     removed = int((compared["status"] == "removed by the compiler").sum())
     kept = int((compared["status"] == "still there").sum())
     only = int((compared["status"] == "only compiled").sum())
-    return (f"Compiled step (torch.compile, Inductor): {len(graphs)} graphs, {len(conv)} conversion kernels "
-            f"({format_us(conv['time_us'].sum(min_count=1))}); eager causes: {removed} removed by the compiler, "
-            f"{kept} still there; {only} conversions only the compiled step makes")
+    return (f"Compiled step (torch.compile, Inductor): {_count(len(graphs), 'graph')}, "
+            f"{_count(len(conv), 'conversion kernel')} ({format_us(conv['time_us'].sum(min_count=1))}); eager causes: "
+            f"{removed} removed by the compiler, {kept} still there; {_count(only, 'conversion')} only the compiled "
+            f"step makes")
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 graph``, ``2 graphs``, ``0 graphs``."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 #: the compared rows no eager cause explains: shown apart from the eager causes

@@ -106,4 +106,10 @@ def verification_html(frame: pd.DataFrame) -> str:
         "hotspots_before": "hotspots before", "hotspots_after": "hotspots after", "same_outputs": "same outputs",
         "measured": "saving, measured", "estimated_us": "saving, estimated", "step_us_before": "step before",
         "step_us_after": "step after", "verdict": "verdict", "reason": "reason"},
+        formats={"fix": _fix_number},
         caption="Verified fixes (applied to copies, timed at one thread in process CPU time)")
+
+
+def _fix_number(n) -> str:
+    """A verified row's fix: its number, or ``-`` for the row of all fixes together (fix 0)."""
+    return "-" if n == 0 else str(n)

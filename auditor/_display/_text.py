@@ -148,8 +148,12 @@ def saving_text(row) -> str:
     if verdict == "hurts":
         return (f"{ratio:.2f}× slower: after / before {ratio:.3f} {interval} over {rounds}, costing "
                 f"{format_us(-row['saving_us'])} [{format_us(-row['saving_high_us'])}, {format_us(-row['saving_low_us'])}]")
-    return (f"within noise: after / before {ratio:.3f} {interval} over {rounds} straddles 1, so no saving can be "
-            "told from this machine's noise")
+    if low <= 1 <= high:
+        return (f"within noise: after / before {ratio:.3f} {interval} over {rounds} straddles 1, so no saving can "
+                "be told from this machine's noise")
+    # an interval that does not straddle 1 and still decides nothing: too few rounds to stand on
+    return (f"within noise: after / before {ratio:.3f} {interval} over {rounds}, too few rounds to tell a saving "
+            "from this machine's noise")
 
 
 def measured_short(row) -> str:

@@ -25,7 +25,7 @@ from .._display._fixes import fixes_html, fixes_text, verification_html, verific
 from .._display._units import format_bytes
 from .._recording._files import atomic_write
 from .._result import Audit
-from .._session import record_step
+from .._session import record_step, warm_up
 from .._step import Step
 from . import _verify as verification
 from ._convert import CHANNELS_LAST_OF_RANK, FORMAT_NAMES
@@ -462,7 +462,7 @@ class Fixes:
 
 def _audit(step: Step, warmup: int) -> Audit:
     """The step audited as :func:`auditor.audit` would, after ``warmup`` steps."""
-    step.warm_up(warmup)
+    warm_up(step, warmup, record_time=True)
     return record_step(step, record_source=True, record_time=True, warmup=warmup)
 
 

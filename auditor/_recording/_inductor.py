@@ -27,6 +27,7 @@ from . import _torch as T
 from ._cells import readable
 from ._errors import CompileError
 from ._inductor_graph import read_graph
+from ._profile import quiet_stderr
 
 
 class InductorRecorder:
@@ -58,6 +59,12 @@ class InductorRecorder:
             # them Dynamo's profile-guided recompiles, which it warns about once per process
             stack.enter_context(warnings.catch_warnings())
             warnings.filterwarnings("ignore", message="dynamo_pgo force disabled", category=UserWarning)
+            # Inductor's C++ builder imports torch.utils.cpp_extension, which logs "No CUDA runtime
+            # is found" on a machine with a CUDA toolkit and no GPU: a fact about the machine,
+            # not the model (issue 29). That one message is dropped; the logger's others stay.
+            cpp_log = logging.getLogger("torch.utils.cpp_extension")
+            cpp_log.addFilter(_no_cuda_runtime_note)
+            stack.callback(cpp_log.removeFilter, _no_cuda_runtime_note)
             if os.environ.get("TORCHINDUCTOR_FX_COMPILE_MODE", "").lower() not in ("", "normal"):
                 warnings.warn("TORCHINDUCTOR_FX_COMPILE_MODE lowers in another process, where a compiled audit "
                               "cannot see it", stacklevel=2)
@@ -173,6 +180,11 @@ def _no_graph_reason() -> str:
     return "; ".join(list(dict.fromkeys(reasons))[:3])
 
 
+def _no_cuda_runtime_note(record: logging.LogRecord) -> bool:
+    """A logging filter: False (drop) for cpp_extension's "No CUDA runtime is found" alone."""
+    return not str(record.msg).startswith("No CUDA runtime is found")
+
+
 def record_compiled(run, *, time: bool = True, warmup: int = 1, rounds: int = 3) -> InductorRecorder:
     """Compile and run one step (``run()``, which calls the compiled model) while recording what
     Inductor lowers; with ``time``, then profile ``rounds`` more steps after ``warmup`` and give
@@ -201,10 +213,18 @@ def record_compiled(run, *, time: bool = True, warmup: int = 1, rounds: int = 3)
         if time:
             for _ in range(warmup):
                 run()
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+            with quiet_stderr():  # Kineto's start, stop and device query (issue 29): not the steps'
+                prof.start()
+            try:
                 for _ in range(rounds):
                     run()
-            recorder.times = kernel_times(prof.events(), recorder.kernels)
+            finally:
+                with quiet_stderr():
+                    prof.stop()
+            with quiet_stderr():
+                events = prof.events()
+            recorder.times = kernel_times(events, recorder.kernels)
     return recorder
 
 

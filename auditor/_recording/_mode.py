@@ -188,8 +188,23 @@ def _param_kind(cls: type):
     return False if cls is torch.Tensor else _BY_INSTANCE
 
 
-def _is_internal(filename: str) -> bool:
-    return filename.startswith((_TORCH_DIR, _AUDITOR_DIR)) or filename.startswith("<frozen")
+#: where the auditor calls the user's code: the step it runs (and the console scripts that run
+#: it); the frames above one call the audit and are no op's line
+_STEP_FILES = (os.path.join(_AUDITOR_DIR, "_step.py"),
+               *(os.path.join(os.path.dirname(os.path.dirname(_AUDITOR_DIR)), name)
+                 for name in ("format_auditor_cli.py", "format_auditor_pytest.py")))
+SKIPPED_FRAME, STEP_FRAME, USER_FRAME = 0, 1, 2
+
+
+def _frame_kind(filename: str) -> int:
+    """Whose code a frame runs: the auditor's step that calls the model (:data:`_STEP_FILES`),
+    torch's or the rest of the auditor's (its modes sit between the user's code and the
+    recorder in a fake audit), or the user's."""
+    if filename.startswith(_STEP_FILES):
+        return STEP_FRAME
+    if filename.startswith((_TORCH_DIR, _AUDITOR_DIR)) or filename.startswith("<frozen"):
+        return SKIPPED_FRAME
+    return USER_FRAME
 
 
 #: Whether Dynamo skips the mode's dispatch code (settled below, after the class is made).
@@ -514,17 +529,23 @@ class RecorderMode(TorchDispatchMode):
         return (running[0], self._user_line(3)) if self.record_source else running
 
     def _user_line(self, depth: int = 2) -> str:
-        """The user's line: the first frame outside torch and auditor (looked for from
-        ``depth`` frames up: the caller of ``__torch_dispatch__``)."""
+        """The user's line: the first frame outside torch and the auditor (looked for from
+        ``depth`` frames up: the caller of ``__torch_dispatch__``), or "" where the auditor's
+        step comes first (:func:`_frame_kind`). An op that torch's own modules run (an
+        ``nn.Sequential`` of torch layers) has no line of the user's below the auditor's step,
+        and the lines above it call the audit (a notebook's ``auditor.audit(...)``, the command
+        line's own script), not the op."""
         frame = sys._getframe(depth)
-        internal = self._internal_code
+        kinds = self._internal_code
         while frame is not None:
             code = frame.f_code
-            skip = internal.get(code)
-            if skip is None:
-                skip = internal[code] = _is_internal(code.co_filename)
-            if not skip:
+            kind = kinds.get(code)
+            if kind is None:
+                kind = kinds[code] = _frame_kind(code.co_filename)
+            if kind == USER_FRAME:
                 return f"{code.co_filename}:{frame.f_lineno}"
+            if kind == STEP_FRAME:
+                return ""
             frame = frame.f_back
         return ""
 

@@ -128,7 +128,7 @@ class ProfileSession:
         config = ProfilerConfig(ProfilerState.KINETO, self.record_shapes, False, False, False, False,
                                 ExperimentalConfig())
         activities = device_activities()
-        with _quiet_stderr():
+        with quiet_stderr():
             prepare_profiler(config, activities)
             enable_profiler(config, activities)
         self.active = True
@@ -137,7 +137,7 @@ class ProfileSession:
         if not self.active:
             return None
         self.active = False
-        with _quiet_stderr():
+        with quiet_stderr():
             return disable_profiler()
 
 
@@ -185,10 +185,10 @@ def require_profiler() -> None:
 
 
 @contextlib.contextmanager
-def _quiet_stderr():
+def quiet_stderr():
     """Kineto prints its start and stop (and, on a machine without a GPU, a failed device
     query) to the process's stderr, which a recording must not litter: silence fd 2 for the
-    call."""
+    call. Only the profiler's own calls are wrapped: what the user's code prints stays."""
     sys.stderr.flush()
     try:
         saved = os.dup(2)

@@ -1,0 +1,91 @@
+"""Whether HTML tables fit a 1400 px window, asked of headless Chromium (issue 29: notebook and
+report tables ran off the right edge). Shared by the notebook's and the command line's tests."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+WIDTH = 1400  #: the window the tables must fit
+#: a notebook's output area at a 1400 px window: JupyterLab's prompt column and padding take about 100 px
+NOTEBOOK_OUTPUT_WIDTH = 1300
+
+#: appended to the page: after layout, every table whose right edge passes its box's, or that
+#: scrolls inside itself, and a page that scrolls sideways, written into the DOM as JSON
+_CHECK = """<script>
+window.addEventListener('load', () => {
+  const box = document.getElementById('fit-box') || document.body;
+  const edge = box.getBoundingClientRect().right;
+  const bad = [];
+  const tables = document.querySelectorAll('table');
+  tables.forEach((t, i) => {
+    const right = t.getBoundingClientRect().right;
+    const head = (t.caption && t.caption.textContent) || (t.rows[0] ? t.rows[0].textContent : '');
+    if (right > edge + 0.5 || t.scrollWidth > t.clientWidth + 1) {
+      bad.push(`table ${i} (${head.trim().replace(/\\s+/g, ' ').slice(0, 80)}): right edge ${Math.round(right)} px, `
+               + `box ${Math.round(edge)} px, scrollWidth ${t.scrollWidth} > ${t.clientWidth}`);
+    }
+  });
+  const page = document.documentElement.scrollWidth;
+  if (page > window.innerWidth) bad.push(`the page scrolls sideways: ${page} > ${window.innerWidth} px`);
+  const out = document.createElement('pre');
+  out.id = 'fit-result';
+  out.textContent = JSON.stringify({tables: tables.length, width: window.innerWidth, bad: bad});
+  document.body.appendChild(out);
+});
+</script>"""
+
+
+def chromium() -> str | None:
+    """The headless browser's command, or None where none is installed."""
+    return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+def needs_chromium() -> str:
+    """The browser's command; skips the test (with the reason) where there is none."""
+    found = chromium()
+    if found is None:
+        pytest.skip("headless Chromium is not installed (Debian: apt-get install chromium)")
+    return found
+
+
+def notebook_page(fragments: list[str]) -> str:
+    """Notebook outputs (their ``text/html``) one below another in a box as wide as a notebook's
+    output area at a 1400 px window, styled as JupyterLab styles rendered HTML tables."""
+    body = "\n".join(f"<div class='output'>{f}</div>" for f in fragments)
+    return ("<!DOCTYPE html><html><head><meta charset='utf-8'><style>"
+            "body{margin:0;font-family:sans-serif;font-size:13px}"
+            f"#fit-box{{width:{NOTEBOOK_OUTPUT_WIDTH}px;padding:0 0 0 {WIDTH - NOTEBOOK_OUTPUT_WIDTH - 20}px}}"
+            ".output{margin:8px 0}table{border-collapse:collapse}"
+            "td,th{border:1px solid #ddd;padding:4px 6px;text-align:right}</style></head>"
+            f"<body><div id='fit-box'>{body}</div></body></html>")
+
+
+def overflows(page: str, folder: Path, name: str, browser: str, screenshot: Path | None = None) -> dict:
+    """Lay ``page`` out in headless Chromium at :data:`WIDTH` px: ``{"tables": n, "bad": [...]}``,
+    one line per table that does not fit. With ``screenshot``, also a PNG of the page there."""
+    path = folder / f"{name}.html"
+    checked = page.replace("</body>", _CHECK + "</body>") if "</body>" in page else page + _CHECK
+    path.write_text(checked, encoding="utf-8")
+    common = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+              "--disable-dev-shm-usage", "--virtual-time-budget=5000"]
+    done = subprocess.run([*common, f"--window-size={WIDTH},1000", "--dump-dom", path.as_uri()],
+                          capture_output=True, text=True, timeout=120)
+    found = re.search(r"<pre id=\"fit-result\">(.*?)</pre>", done.stdout, re.S)
+    assert found, f"Chromium laid nothing out (exit {done.returncode}): {done.stderr[-2000:]}"
+    result = json.loads(found.group(1).replace("&gt;", ">").replace("&lt;", "<").replace("&amp;", "&"))
+    if screenshot is not None:
+        screenshot.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run([*common, f"--window-size={WIDTH},{_height(page)}", f"--screenshot={screenshot}",
+                        path.as_uri()], capture_output=True, timeout=120)
+    return result
+
+
+def _height(page: str) -> int:
+    """A screenshot's height, tall enough for the page (Chromium shoots the window only)."""
+    return min(16000, max(1200, len(page) // 6 + 500 * page.count("<img")))
