@@ -248,7 +248,9 @@ def _explicit_copy_fix(c: CauseView) -> Proposal:
     detail = (f"{c.what} copies the activation into contiguous order between two convolutions; keep it "
               f"{c.cl_name}" + (f" (or remove the call: its input is already dense {c.cl_name})" if frm == c.cl_name
                                 else ""))
-    return _statement_edit(c, "keep_format_in_copy", detail=detail)
+    # an input already in the format: ask for the format the input is in, which keeps a contiguous
+    # run of the same code as it was; otherwise only a copy into the format helps
+    return _statement_edit(c, "follow_format_in_copy" if frm == c.cl_name else "keep_format_in_copy", detail=detail)
 
 
 def _torch_module_type(name: str, table) -> type | None:
@@ -470,15 +472,85 @@ def _conv_weight_fix(c: CauseView) -> Proposal:
                                  f"torch.{c.cl_name}){more}", extra={"modules": modules})
 
 
+@dataclass(frozen=True)
+class Candidate:
+    """One rewrite of a statement that is exact only where the model's shapes make it so:
+    :meth:`Fixes.verify` proves it on the model, or drops it."""
+
+    label: str  #: what it does, in a few words
+    edit: tuple  #: (the statement, the rewrite, its facts), as :attr:`Proposal.edit`
+    line: str  #: the statement as it is
+    suggestion: str  #: the statement rewritten
+
+
+def _candidate(c: CauseView, label: str, rewrite: Callable) -> Candidate | None:
+    """``rewrite`` of ``c``'s statement, or None where the statement does not have its shape."""
+    from libcst import ParserSyntaxError
+
+    from . import _rewrite as rw
+
+    if c.path is None:
+        return None
+    try:
+        statement = rw.statement_at(c.path, c.lineno)
+        fns = _functions(c.path, c.lineno)
+        if not fns:
+            return None
+        facts = _facts(c, fns)
+        new = rw.rewrite(statement, [(rewrite, facts)])
+    except (rw.Refused, ParserSyntaxError):
+        return None
+    return Candidate(label, (statement, rewrite, facts), statement.text.rstrip("\n"), new.rstrip("\n"))
+
+
+def _line_events(c: CauseView) -> list[int]:
+    """The forward events recorded at the cause's line (those of its forward op's line)."""
+    view = c.view
+    return [int(x) for x in np.flatnonzero((view.phase == "forward") & (view.source == view.source[c.forward]))]
+
+
+def _tokens_to_map_rank(c: CauseView) -> int | None:
+    """The rank of a tensor laid out (B, c1 .. ck, N) that the cause's line reshapes into a map
+    (B, C, H, W) with N = H·W and c1·..·ck = C, as the recorded shapes show; None without one."""
+    ins, outs = set(), set()
+    for x in _line_events(c):
+        i, o = c.shapes(x)
+        ins |= {s for s in i if len(s) >= 3}
+        outs |= {s for s in o if len(s) == 4}
+    found = {len(x) for x in ins for y in outs
+             if x[0] == y[0] and x[-1] == y[2] * y[3] and int(np.prod(x[1:-1])) == y[1] and x != y}
+    return found.pop() if len(found) == 1 else None
+
+
 @register_fix(patterns.JOINS.name)
 def _joins_fix(c: CauseView) -> Proposal:
+    """A token or row tensor made into a map: the rewrites the recorded shapes and strides allow
+    (the map written in NHWC order, the copy of a channels_last view dropped, the product that
+    makes the map computed transposed), proposed as candidates that :meth:`Fixes.verify` proves
+    on the model; without one, by hand."""
+    from . import _rewrite as rw
+
     where = short_source(c.source) if c.source else c.module
-    return c.proposal(EDIT, c.row.fix,
-                      suggestion=f"y = f(x4d)  # compute on the {c.cl_name} image or a 4-D view of it, not on a "
-                                 "reshaped or 3-D copy",
-                      line=linecache.getline(c.path, c.lineno).rstrip("\n") if c.path else "",
+    found: list[Candidate | None] = []
+    rank = _tokens_to_map_rank(c)
+    if rank is not None:
+        found.append(_candidate(c, "the map written in NHWC order (reshape then permute)", rw.map_in_nhwc_order(rank)))
+    t = c.tracer
+    if str(c.view.ops.at[c.e, "from_format"]) == c.cl_name:  # the copy's input is already a dense map in the format
+        found.append(_candidate(c, "the copy of the channels_last view dropped", rw.drop_copy_of_permuted))
+    if any(t.op[x].startswith(("aten.bmm", "aten.mm", "aten.matmul")) for x in _line_events(c)):
+        found.append(_candidate(c, "the product computed transposed", rw.product_transposed))
+    candidates = [x for x in found if x is not None]
+    line = linecache.getline(c.path, c.lineno).rstrip("\n") if c.path else ""
+    if candidates:
+        labels = "; ".join(x.label for x in candidates)
+        return c.proposal(EDIT, c.row.fix, line=candidates[0].line, extra={"candidates": candidates},
+                          reason=f"{len(candidates)} candidate rewrite{'s' * (len(candidates) > 1)} ({labels}) "
+                                 "exact only for some shapes: Fixes.verify(model, *inputs) proves one on this model "
+                                 "or drops them")
+    return c.proposal(EDIT, c.row.fix, line=line,
                       reason=f"the tensor made at {where} is not an image of the convolutions (a token or row "
-                             "tensor): where to make it channels_last depends on what the code computes")
+                             "tensor), and no rewrite of its statement is known to make it a map in the format")
 
 
 @register_fix(patterns.NO_CL_KERNEL.name, patterns.RESHAPE_MERGE.name, patterns.CONV_NO_KERNEL.name,

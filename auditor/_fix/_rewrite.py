@@ -283,6 +283,37 @@ def keep_format_in_copy(module: cst.Module, facts: Facts) -> cst.Module:
     return _replace(module, call, new)
 
 
+def follow_format_in_copy(module: cst.Module, facts: Facts) -> cst.Module:
+    """``x.contiguous()`` (or a copy into ``contiguous_format``) whose input is already dense in
+    the channels_last format asks for the format ``x`` is in: no copy where ``x`` is a dense
+    channels_last map, the same copy as before where it is not, so code a contiguous model runs
+    too is not made to write channels_last (explicit_copy)."""
+    def is_copy(node) -> bool:
+        if not isinstance(node, cst.Call) or not isinstance(node.func, cst.Attribute):
+            return False
+        name, fmt = node.func.attr.value, _arg(node, 99, "memory_format")
+        if name == "contiguous":
+            return not node.args or (fmt is not None and _code(fmt.value).endswith("contiguous_format"))
+        return name == "to" and fmt is not None and _code(fmt.value).endswith("contiguous_format")
+
+    call = _the_one(_find(module, is_copy), "copy into contiguous order (.contiguous())")
+    cl = _memory_format(facts)
+    x = call.func.value
+    if _simple(x):
+        ref, receiver = _code(x), x
+    else:
+        ref = facts.new_name("_copied")
+        receiver = _expr(f"({ref} := {_code(x)})")
+    follow = _expr(f"{cl} if {ref}.is_contiguous(memory_format={cl}) else {facts.torch}.contiguous_format")
+    fmt = _arg(call, 99, "memory_format")
+    if fmt is None:
+        new = call.with_changes(args=[cst.Arg(follow, keyword=cst.Name("memory_format"),
+                                              equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))])
+    else:
+        new = call.with_deep_changes(fmt, value=follow)
+    return _replace(module, call, new.with_changes(func=new.func.with_changes(value=receiver)))
+
+
 def _spatial(facts: Facts) -> set[int]:
     return set(range(2, facts.rank))
 
@@ -546,3 +577,97 @@ def shuffle_by_torch(params: tuple[str, str]) -> Callable[[cst.Module, Facts], c
         return module.with_deep_changes(body, body=[statement]) if body is not module else module.with_changes(
             body=[statement])
     return shuffle
+
+
+# -- joins: a token or row tensor made into a map, candidates that verification proves -------------
+
+
+def _is_swap_of_last_two(node, rank: int) -> bool:
+    """``y.transpose(a, b)`` or ``y.permute(...)`` that swaps the last two of ``rank``
+    dimensions and nothing else."""
+    if not isinstance(node, cst.Call) or not isinstance(node.func, cst.Attribute) or node.func.attr.value not in (
+            "transpose", "permute", "swapaxes", "swapdims"):
+        return False
+    values = [_int(a.value) for a in node.args if a.keyword is None and not a.star]
+    if len(values) == 1 and isinstance(node.args[0].value, (cst.Tuple, cst.List)):
+        values = list(_ints(node.args[0].value) or [None])
+    if None in values or any(a.keyword is not None for a in node.args):
+        return False
+    if node.func.attr.value == "permute":
+        return len(values) == rank and [v % rank for v in values] == [*range(rank - 2), rank - 1, rank - 2]
+    return len(values) == 2 and {v % rank for v in values} == {rank - 2, rank - 1}
+
+
+def _reshape_args(call: cst.Call) -> list[cst.BaseExpression] | None:
+    """The four sizes of ``x.reshape(a, b, c, d)`` (or ``x.view``, or one tuple of four)."""
+    args = [a for a in call.args if a.keyword is None and not a.star]
+    if len(args) != len(call.args):
+        return None
+    if len(args) == 1 and isinstance(args[0].value, cst.Tuple):
+        args = list(args[0].value.elements)
+    return [a.value for a in args] if len(args) == 4 else None
+
+
+def map_in_nhwc_order(rank: int) -> Callable[[cst.Module, Facts], cst.Module]:
+    """The rewrite of ``x.reshape(B, C, H, W)`` of a tensor ``x`` of ``rank`` dimensions laid
+    out (B, c1 .. ck, N), with N = H·W and c1·..·ck = C (as the recorded shapes show), into
+    ``x.permute(0, rank - 1, 1 .. k).reshape(B, H, W, C).permute(0, 3, 1, 2)``: the same index
+    permutation of the same values, written in NHWC order, so the map is a channels_last view
+    and the reshape a view where ``x`` is a transposed view of tokens (joins). Where ``x`` is
+    itself a swap of its last two dimensions, the two permutations are written as one."""
+    def rewrite(module: cst.Module, facts: Facts) -> cst.Module:
+        def is_reshape(node) -> bool:
+            return (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)
+                    and node.func.attr.value in ("reshape", "view") and _reshape_args(node) is not None)
+
+        call = _the_one(_find(module, is_reshape), "reshape into four dimensions (x.reshape(B, C, H, W))")
+        b, ch, h, w = (_code(a) for a in _reshape_args(call))
+        x = call.func.value
+        if isinstance(x, cst.Call) and _is_swap_of_last_two(x, rank):  # x = y with its last two swapped
+            y = _code(x.func.value)
+            order = [0, rank - 2, *range(1, rank - 2), rank - 1]
+            first = y if order == list(range(rank)) else f"{y}.permute({', '.join(map(str, order))})"
+        else:
+            order = [0, rank - 1, *range(1, rank - 1)]
+            first = f"{_code(x)}.permute({', '.join(map(str, order))})"
+        text = f"{first}.reshape({b}, {h}, {w}, {ch}).permute(0, 3, 1, 2)"
+        return _replace(module, call, _expr(text))
+    return rewrite
+
+
+def drop_copy_of_permuted(module: cst.Module, facts: Facts) -> cst.Module:
+    """``x.permute(...).contiguous()`` (or ``.transpose``) whose permuted view is already a dense
+    map in the format, as the recorded strides show: the copy is dropped, the view kept
+    (joins)."""
+    def is_copy(node) -> bool:
+        if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)
+                and node.func.attr.value == "contiguous" and not node.args):
+            return False
+        inner = node.func.value
+        return isinstance(inner, cst.Call) and isinstance(inner.func, cst.Attribute) and inner.func.attr.value in (
+            "permute", "transpose")
+
+    call = _the_one(_find(module, is_copy), ".contiguous() of a permuted view")
+    return _replace(module, call, call.func.value)
+
+
+def product_transposed(module: cst.Module, facts: Facts) -> cst.Module:
+    """``a @ b`` becomes ``(b.mT @ a.mT).mT`` written with ``transpose(-2, -1)``: each output
+    element the same dot product, computed transposed, so the result is a transposed view whose
+    last dimension (the positions of a map) lies across memory (joins). A factor that is itself
+    ``z.transpose(-2, -1)`` is written ``z``."""
+    def is_product(node) -> bool:
+        return isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.MatrixMultiply)
+
+    node = _the_one(_find(module, is_product), "matrix product (a @ b)")
+
+    def transposed(e: cst.BaseExpression) -> str:
+        if isinstance(e, cst.Call) and isinstance(e.func, cst.Attribute) and e.func.attr.value == "transpose":
+            values = [_int(a.value) for a in e.args]
+            if len(values) == 2 and set(values) == {-1, -2} and all(a.keyword is None for a in e.args):
+                return _code(e.func.value)
+        text = _code(e)
+        simple = _simple(e) or (isinstance(e, cst.Call) and _simple(e.func))
+        return f"{text if simple else f'({text})'}.transpose(-2, -1)"
+    text = f"({transposed(node.right)} @ {transposed(node.left)}).transpose(-2, -1)"
+    return _replace(module, node, _expr(text))

@@ -1,0 +1,135 @@
+"""Joins proved by candidates, and fixes that hurt the contiguous run (issue 28, items 2 and 5)."""
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import auditor
+
+pytest.importorskip("libcst")
+
+
+class HeadsToMap(nn.Module):
+    """Attention heads (B, h, N, d) made into a map by a permute and a reshape."""
+
+    def __init__(self, c=8, heads=2, transpose=False):
+        super().__init__()
+        self.heads, self.transpose = heads, transpose
+        self.conv1 = nn.Conv2d(3, 3 * c, 1)
+        self.conv2 = nn.Conv2d(c, c, 3, padding=1)
+
+    def forward(self, x):
+        x = self.conv1(x)
+        B, _, H, W = x.shape
+        q, k, v = x.reshape(B, 3, self.heads, -1, H * W).unbind(1)
+        attn = (q.transpose(-2, -1) @ k).softmax(-1)
+        x = attn @ v.transpose(-2, -1)
+        if self.transpose:
+            x = x.transpose(-1, -2).reshape(B, -1, H, W)
+        else:
+            x = x.permute(0, 1, 3, 2).reshape(B, -1, H, W)
+        return self.conv2(x)
+
+
+def _fixes(model, x):
+    model = model.to(memory_format=torch.channels_last)
+    x = x.contiguous(memory_format=torch.channels_last)
+    a = auditor.audit(model, x)
+    return model, x, auditor.suggest_fixes(a)
+
+
+@pytest.mark.parametrize("transpose", [False, True])
+def test_a_joins_candidate_is_proved_on_the_model_and_becomes_automatic(transpose):
+    torch.manual_seed(0)
+    model, x = HeadsToMap(transpose=transpose), torch.randn(2, 3, 8, 8)
+    model, x, fixes = _fixes(model, x)
+    joins = fixes.frame[fixes.frame["pattern"] == "joins"]
+    assert len(joins) == 1
+    n = int(joins["fix"].iloc[0])
+    assert not joins["automatic"].iloc[0] and "candidate" in joins["reason"].iloc[0]
+    assert fixes.frame.loc[fixes.frame["fix"] == n, "suggestion"].iloc[0] == ""  # no candidate shown unproved
+    table = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=2)
+    row = table[(table["kind"] == "fix") & (table["fix"] == n)].iloc[0]
+    assert row["applied"] and row["same_outputs"] and row["hotspots_after"] == 0, row.to_dict()
+    assert row["contiguous_hotspots_after"] <= row["contiguous_hotspots_before"]
+    fixed = fixes.frame.loc[fixes.frame["fix"] == n].iloc[0]
+    assert fixed["automatic"] and ".permute(0, 3, 1, 2)" in fixed["suggestion"]
+    assert ".reshape(B, H, W, -1)" in fixed["suggestion"]
+    assert "reshape(B, H, W, -1)" in fixes.patch([n])
+
+
+class BadCandidate(nn.Module):
+    """A reshape of a (B, c, N) tensor into (B, C, H, W) whose N is not H·W of the map: the
+    shapes do not admit the NHWC-order candidate, so none is proposed."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 1)
+        self.conv2 = nn.Conv2d(4, 4, 1)
+
+    def forward(self, x):
+        x = self.conv1(x)
+        B, C, H, W = x.shape
+        t = x.flatten(2).transpose(1, 2).sin()
+        x = t.transpose(1, 2).reshape(B, C // 2, 2 * H, W)
+        return self.conv2(x)
+
+
+def test_no_candidate_where_the_recorded_shapes_do_not_make_the_map():
+    torch.manual_seed(0)
+    model, x, fixes = _fixes(BadCandidate(), torch.randn(2, 3, 4, 4))
+    joins = fixes.frame[fixes.frame["pattern"] == "joins"]
+    for p in (fixes._proposals[int(n)] for n in joins["fix"]):
+        assert not any("NHWC" in c.label for c in p.extra.get("candidates", []))
+
+
+class StridedCopy(nn.Module):
+    """A copy of a strided slice of the map: only a copy into channels_last keeps the format,
+    and that same edit makes the contiguous run write channels_last into code it shares."""
+
+    def __init__(self, c=8):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, c, 3, padding=1)
+        self.conv2 = nn.Conv2d(c, c, 3, padding=1)
+        self.conv3 = nn.Conv2d(c, c, 1)
+
+    def forward(self, x):
+        x = self.conv1(x)
+        y = x[:, :, ::2].contiguous()
+        return self.conv2(y) + self.conv3(x[:, :, ::2])
+
+
+def test_a_fix_that_adds_contiguous_hotspots_hurts_contiguous_and_is_not_made():
+    torch.manual_seed(0)
+    model, x, fixes = _fixes(StridedCopy(), torch.randn(2, 3, 8, 8))
+    copies = fixes.frame[fixes.frame["pattern"] == "explicit_copy"]
+    assert len(copies) == 1 and copies["automatic"].iloc[0]
+    n = int(copies["fix"].iloc[0])
+    table = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=2)
+    row = table[(table["kind"] == "fix") & (table["fix"] == n)].iloc[0]
+    assert row["same_outputs"] and row["hotspots_after"] == 0
+    assert row["contiguous_hotspots_after"] > row["contiguous_hotspots_before"], row.to_dict()
+    assert row["verdict"] == "hurts contiguous"
+    fixed = fixes.frame.loc[fixes.frame["fix"] == n].iloc[0]
+    assert not fixed["automatic"] and "makes code that runs contiguous slower" in fixed["reason"]
+    assert "this edit makes code that runs contiguous slower" in fixes.patch()
+    assert "memory_format" not in fixes.patch()  # the edit is left out of the diff
+    done = fixes.apply(model)
+    fixes.undo()
+    assert not done.loc[done["fix"] == n, "applied"].iloc[0]
+
+
+def test_a_copy_of_a_dense_channels_last_map_follows_its_format_and_keeps_the_contiguous_run():
+    torch.manual_seed(0)
+    model = StridedCopy()
+    model.forward = lambda x, m=model: m.conv2(m.conv1(x).contiguous())
+    model, x, fixes = _fixes(model, torch.randn(2, 3, 8, 8))
+    copies = fixes.frame[fixes.frame["pattern"] == "explicit_copy"]
+    assert len(copies) == 1 and copies["automatic"].iloc[0]
+    assert "if" in copies["suggestion"].iloc[0] and "is_contiguous" in copies["suggestion"].iloc[0]
+    table = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=2)
+    row = table[table["kind"] == "fix"].iloc[0]
+    assert row["hotspots_after"] == 0 and row["same_outputs"]
+    assert row["contiguous_hotspots_after"] <= row["contiguous_hotspots_before"]
+    assert row["verdict"] != "hurts contiguous"
