@@ -509,36 +509,98 @@ def _line_events(c: CauseView) -> list[int]:
     return [int(x) for x in np.flatnonzero((view.phase == "forward") & (view.source == view.source[c.forward]))]
 
 
+#: the ops a reshape into a map is recorded as (a view, or the view after the copy it makes)
+_RESHAPES = ("aten.view.", "aten._unsafe_view.", "aten.reshape.")
+
+
 def _tokens_to_map_rank(c: CauseView) -> int | None:
-    """The rank of a tensor laid out (B, c1 .. ck, N) that the cause's line reshapes into a map
-    (B, C, H, W) with N = H·W and c1·..·ck = C, as the recorded shapes show; None without one."""
-    ins, outs = set(), set()
+    """The rank of a tensor laid out (B, c1 .. ck, N) that the reshapes on the cause's line make
+    into a map (B, C, H, W) with N = H·W and c1·..·ck = C, as the recorded shapes of every such
+    reshape there show (a line run at several sizes: one of them may fit by chance); None
+    where one does not, or the ranks differ."""
+    found, every = set(), True
     for x in _line_events(c):
-        i, o = c.shapes(x)
-        ins |= {s for s in i if len(s) >= 3}
-        outs |= {s for s in o if len(s) == 4}
-    found = {len(x) for x in ins for y in outs
-             if x[0] == y[0] and x[-1] == y[2] * y[3] and int(np.prod(x[1:-1])) == y[1] and x != y}
-    return found.pop() if len(found) == 1 else None
+        if not c.tracer.op[x].startswith(_RESHAPES):
+            continue
+        ins, outs = c.shapes(x)
+        if len(ins) != 1 or len(outs) != 1 or len(ins[0]) < 3 or len(outs[0]) != 4:
+            continue
+        (i,), (o,) = ins, outs
+        if i[0] == o[0] and i[-1] == o[2] * o[3] and int(np.prod(i[1:-1])) == o[1]:
+            found.add(len(i))
+        else:
+            every = False
+    return found.pop() if every and len(found) == 1 else None
+
+
+def _copies_a_dense_map(c: CauseView) -> bool:
+    """Whether the cause copies (clone) a tensor whose recorded strides make it a dense map in
+    the format already (a permuted view of NHWC data): the copy only changes the format."""
+    t = c.view.tensors
+    strides = t["strides"].to_numpy()
+    for x in c.members[:1] + [c.forward]:
+        if not c.tracer.op[x].startswith("aten.clone"):
+            continue
+        rows = [r for r in c.tracer._rows(x) if not c.tracer.is_out[r]]
+        if not rows:
+            continue
+        shape, stride = parse_tuple(c.tracer.shape[rows[0]]), parse_tuple(strides[rows[0]])
+        if len(shape) != c.rank or len(stride) != len(shape):
+            continue
+        fmt = torch.channels_last_3d if c.rank == 5 else torch.channels_last
+        meta = torch.empty_strided(shape, stride, device="meta")
+        if meta.is_contiguous(memory_format=fmt) and not meta.is_contiguous():
+            return True
+    return False
+
+
+def _weight_in_reach(c: CauseView, fns: list[types.FunctionType]) -> str | None:
+    """A convolution weight the cause's line can read as ``self.<path>.weight``: of a
+    convolution that ran inside the module the line ran in (the one the cause's map feeds
+    first, else the one that made its input, else any), where the line is in a method of that
+    module. Its layout is the format the model runs in."""
+    if not fns or any(fn.__code__.co_varnames[:1] != ("self",) for fn in fns):
+        return None
+    view, own = c.view, str(c.module)
+    if own in ("", "<root>"):
+        return None
+    inside = [int(x) for x in np.flatnonzero(view.is_conv & (view.phase == "forward"))
+              if str(view.module[int(x)]).startswith(own + ".")]
+    if not inside:
+        return None
+    down, up = view.downstream_convs(c.forward), view.upstream_convs(c.forward)
+    chosen = next((x for x in inside if x in down), None) or next((x for x in reversed(inside) if x in up), None) \
+        or inside[0]
+    path = str(view.module[chosen])[len(own) + 1:]
+    if not all(p.isidentifier() or p.isdigit() for p in path.split(".")):
+        return None
+    return module_expr(path, root="self") + ".weight"
 
 
 @register_fix(patterns.JOINS.name)
 def _joins_fix(c: CauseView) -> Proposal:
     """A token or row tensor made into a map: the rewrites the recorded shapes and strides allow
     (the map written in NHWC order, the copy of a channels_last view dropped, the product that
-    makes the map computed transposed), proposed as candidates that :meth:`Fixes.verify` proves
-    on the model; without one, by hand."""
+    makes the map computed transposed), each also in the form that follows the format of a
+    convolution weight the line can reach, proposed as candidates that :meth:`Fixes.verify`
+    proves on the model; without one, by hand."""
     from . import _rewrite as rw
 
     where = short_source(c.source) if c.source else c.module
     found: list[Candidate | None] = []
+    weight = _weight_in_reach(c, _functions(c.path, c.lineno)) if c.path else None
     rank = _tokens_to_map_rank(c)
     if rank is not None:
         found.append(_candidate(c, "the map written in NHWC order (reshape then permute)", rw.map_in_nhwc_order(rank)))
-    t = c.tracer
-    if str(c.view.ops.at[c.e, "from_format"]) == c.cl_name:  # the copy's input is already a dense map in the format
-        found.append(_candidate(c, "the copy of the channels_last view dropped", rw.drop_copy_of_permuted))
-    if any(t.op[x].startswith(("aten.bmm", "aten.mm", "aten.matmul")) for x in _line_events(c)):
+        if weight:
+            found.append(_candidate(c, f"the map written in NHWC order, in the format of {weight}",
+                                    rw.map_in_nhwc_order(rank, weight)))
+    if _copies_a_dense_map(c):
+        found.append(_candidate(c, "the copy of the channels_last view dropped", rw.copy_of_permuted()))
+        if weight:
+            found.append(_candidate(c, f"the copy of the channels_last view made in the format of {weight}",
+                                    rw.copy_of_permuted(weight)))
+    if any(c.tracer.op[x].startswith(("aten.bmm", "aten.mm", "aten.matmul")) for x in _line_events(c)):
         found.append(_candidate(c, "the product computed transposed", rw.product_transposed))
     candidates = [x for x in found if x is not None]
     line = linecache.getline(c.path, c.lineno).rstrip("\n") if c.path else ""

@@ -608,13 +608,29 @@ def _reshape_args(call: cst.Call) -> list[cst.BaseExpression] | None:
     return [a.value for a in args] if len(args) == 4 else None
 
 
-def map_in_nhwc_order(rank: int) -> Callable[[cst.Module, Facts], cst.Module]:
+def format_of_weight(weight: str, facts: Facts) -> str:
+    """An expression for the format ``weight`` (a convolution's, written as code) is laid out
+    in: the format the model was put in, which a convolution computes in. A channels_last
+    kernel has its input channels innermost (stride 1), whatever its size, where a contiguous
+    one has them so only with a 1×1 kernel, and then its last stride is 1 too."""
+    t = facts.torch
+    if t is None:
+        raise Refused("torch is not imported where this line runs, so the rewrite cannot name a memory format")
+    w = facts.new_name("_w")
+    return (f"{t}.{facts.cl} if (({w} := {weight}).stride(1) == 1 and ({w}.shape[1] == 1 or {w}.stride(-1) > 1)) "
+            f"else {t}.contiguous_format")
+
+
+def map_in_nhwc_order(rank: int, weight: str | None = None) -> Callable[[cst.Module, Facts], cst.Module]:
     """The rewrite of ``x.reshape(B, C, H, W)`` of a tensor ``x`` of ``rank`` dimensions laid
     out (B, c1 .. ck, N), with N = H·W and c1·..·ck = C (as the recorded shapes show), into
     ``x.permute(0, rank - 1, 1 .. k).reshape(B, H, W, C).permute(0, 3, 1, 2)``: the same index
     permutation of the same values, written in NHWC order, so the map is a channels_last view
     and the reshape a view where ``x`` is a transposed view of tokens (joins). Where ``x`` is
-    itself a swap of its last two dimensions, the two permutations are written as one."""
+    itself a swap of its last two dimensions, the two permutations are written as one. With
+    ``weight`` (a convolution's weight, as code), the map is then made contiguous in that
+    weight's format (:func:`format_of_weight`): no copy where the model runs channels_last, the
+    copy it always made where it runs contiguous."""
     def rewrite(module: cst.Module, facts: Facts) -> cst.Module:
         def is_reshape(node) -> bool:
             return (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)
@@ -631,14 +647,33 @@ def map_in_nhwc_order(rank: int) -> Callable[[cst.Module, Facts], cst.Module]:
             order = [0, rank - 1, *range(1, rank - 1)]
             first = f"{_code(x)}.permute({', '.join(map(str, order))})"
         text = f"{first}.reshape({b}, {h}, {w}, {ch}).permute(0, 3, 1, 2)"
+        if weight is not None:
+            text += f".contiguous(memory_format={format_of_weight(weight, facts)})"
         return _replace(module, call, _expr(text))
     return rewrite
 
 
-def drop_copy_of_permuted(module: cst.Module, facts: Facts) -> cst.Module:
+def copy_of_permuted(weight: str | None = None) -> Callable[[cst.Module, Facts], cst.Module]:
     """``x.permute(...).contiguous()`` (or ``.transpose``) whose permuted view is already a dense
-    map in the format, as the recorded strides show: the copy is dropped, the view kept
+    map in the format, as the recorded strides show: the copy is dropped, the view kept; with
+    ``weight`` (a convolution's weight, as code), the copy is made in that weight's format
+    instead (:func:`format_of_weight`), which is no copy where the model runs channels_last
     (joins)."""
+    def rewrite(module: cst.Module, facts: Facts) -> cst.Module:
+        found = drop_copy_of_permuted(module, facts, _keep=True)
+        if weight is None:
+            return found[0]
+        call = found[1]
+        fmt = _expr(format_of_weight(weight, facts))
+        new = call.with_changes(args=[cst.Arg(fmt, keyword=cst.Name("memory_format"),
+                                              equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))])
+        return _replace(module, call, new)
+    return rewrite
+
+
+def drop_copy_of_permuted(module: cst.Module, facts: Facts, _keep: bool = False):
+    """``x.permute(...).contiguous()`` (or ``.transpose``) written as the permuted view alone
+    (joins); the caller checks, from the recorded strides, that the view is a dense map."""
     def is_copy(node) -> bool:
         if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)
                 and node.func.attr.value == "contiguous" and not node.args):
@@ -648,7 +683,8 @@ def drop_copy_of_permuted(module: cst.Module, facts: Facts) -> cst.Module:
             "permute", "transpose")
 
     call = _the_one(_find(module, is_copy), ".contiguous() of a permuted view")
-    return _replace(module, call, call.func.value)
+    dropped = _replace(module, call, call.func.value)
+    return (dropped, call) if _keep else dropped
 
 
 def product_transposed(module: cst.Module, facts: Facts) -> cst.Module:
