@@ -408,8 +408,9 @@ def add_the_branches(module: cst.Module, facts: Facts) -> cst.Module:
 
 def broadcast_the_map(module: cst.Module, facts: Facts) -> cst.Module:
     """``F.interpolate(p, size=s, ...)`` of an N×C×1×1 map becomes
-    ``p.expand(-1, -1, *s).contiguous(memory_format=torch.channels_last)``: every output pixel
-    is the one input pixel, written once in the format (nc11_broadcast)."""
+    ``p.expand(-1, -1, *s).contiguous(memory_format=...)``: every output pixel is the one input
+    pixel, written once, in the format the map's strides show (channels_last where C is
+    innermost, else contiguous), as the interpolation wrote it (nc11_broadcast)."""
     def is_resize(node) -> bool:
         return isinstance(node, cst.Call) and _callee(node) in ("interpolate", "upsample", "upsample_bilinear",
                                                                   "upsample_nearest")
@@ -424,7 +425,16 @@ def broadcast_the_map(module: cst.Module, facts: Facts) -> cst.Module:
         spatial = ", ".join(_code(e.value) for e in values.elements)
     else:
         spatial = f"*{_code(values)}"
-    text = f"{_code(x.value)}.expand(-1, -1, {spatial}).contiguous(memory_format={_memory_format(facts)})"
+    # the format follows the map's own strides, as the interpolation's output did: channels_last
+    # where it is laid out so (C innermost), contiguous where a contiguous run made it
+    cl = _memory_format(facts)
+    if _simple(x.value):
+        ref = first = _code(x.value)
+    else:
+        ref = facts.new_name("_map")
+        first = f"({ref} := {_code(x.value)})"
+    follow = f"{cl} if {ref}.stride(1) == 1 and ({ref}.shape[1] == 1 or {ref}.stride(-1) > 1) else {facts.torch}.contiguous_format"
+    text = f"{first}.expand(-1, -1, {spatial}).contiguous(memory_format={follow})"
     return _replace(module, call, _expr(text))
 
 
@@ -525,7 +535,8 @@ def flatten_in_memory_order(module: cst.Module, facts: Facts) -> cst.Module:
     """A channels_last weight reshaped for a batch norm, ``F.batch_norm(w.reshape(1, O, -1),
     ...).reshape_as(w)``, is flattened in its memory order, ``w.permute(0, 2, 3, 1)`` (the
     reshape of which is a view), and permuted back after: the same statistics per output
-    channel, no copy of the weight (weight_rebuilt)."""
+    channel, no copy of the weight (weight_rebuilt). The order follows the weight's layout, so
+    a contiguous weight is flattened as before and no copy is added there."""
     order = tuple([0, *range(2, facts.rank), 1])
     back = tuple([0, facts.rank - 1, *range(1, facts.rank - 1)])
 
@@ -543,7 +554,11 @@ def flatten_in_memory_order(module: cst.Module, facts: Facts) -> cst.Module:
     flat = _arg(norm, 0, "input")
     if w is None or flat is None or not _simple(w):
         raise Refused("the weight is not a name or attribute")
-    permuted = f"{_code(w)}.permute{order}"
+    # the weight's own layout picks the order: channels_last is flattened in NHWC order, a
+    # contiguous weight (a model run contiguous through the same code) as it was
+    ws, flag = _code(w), facts.new_name("_cl")
+    is_cl = f"{ws}.stride(1) == 1 and ({ws}.shape[1] == 1 or {ws}.stride(-1) > 1)"
+    permuted = f"({ws}.permute{order} if ({flag} := {is_cl}) else {ws})"
 
     def is_flattening(node) -> bool:
         return (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)
@@ -557,10 +572,12 @@ def flatten_in_memory_order(module: cst.Module, facts: Facts) -> cst.Module:
     if inner is None or not is_flattening(inner):
         raise Refused("the normalised tensor is not a reshape of the weight")
     new_inner = inner.with_changes(func=_expr(f"{permuted}.{inner.func.attr.value}"))
-    new_outer = _expr(f"{_code(norm)}.reshape({permuted}.shape).permute{back}")
+    identity = tuple(range(facts.rank))
+    shaped_back = (f".reshape({ws}.permute{order}.shape if {flag} else {ws}.shape)"
+                   f".permute({back} if {flag} else {identity})")
+    new_outer = _expr(f"{_code(norm)}{shaped_back}")
     if flat.value is inner:
-        new_outer = _expr(f"{_code(norm.with_deep_changes(flat, value=new_inner))}.reshape({permuted}.shape)"
-                          f".permute{back}")
+        new_outer = _expr(f"{_code(norm.with_deep_changes(flat, value=new_inner))}{shaped_back}")
         return _replace(module, outer, new_outer)
     return _replace_all(module, [(inner, new_inner), (outer, new_outer)])
 
