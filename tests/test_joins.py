@@ -170,6 +170,11 @@ def test_a_fix_that_adds_contiguous_hotspots_hurts_contiguous_and_is_not_made():
     assert row["same_outputs"] and row["hotspots_after"] == 0
     assert row["contiguous_hotspots_after"] > row["contiguous_hotspots_before"], row.to_dict()
     assert row["verdict"] == "hurts contiguous"
+    text = str(fixes)
+    assert (f"run all-contiguous: hotspot groups {row['contiguous_hotspots_before']} -> "
+            f"{row['contiguous_hotspots_after']}") in text
+    assert "hurts contiguous: the model run all-contiguous has" in text and "within noise" not in text
+    assert "contiguous run after" in fixes._repr_html_()
     fixed = fixes.frame.loc[fixes.frame["fix"] == n].iloc[0]
     assert not fixed["automatic"] and "makes code that runs contiguous slower" in fixed["reason"]
     assert "this edit makes code that runs contiguous slower" in fixes.patch()
