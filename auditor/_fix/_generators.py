@@ -534,8 +534,9 @@ def _tokens_to_map_rank(c: CauseView) -> int | None:
 
 
 def _copies_a_dense_map(c: CauseView) -> bool:
-    """Whether the cause copies (clone) a tensor whose recorded strides make it a dense map in
-    the format already (a permuted view of NHWC data): the copy only changes the format."""
+    """Whether the cause copies (clone) a tensor whose recorded strides make each sample a dense
+    map in the format already (a permuted view of NHWC data; the samples may lie apart, as the
+    tokens of a sample with a class token do): the copy only changes the format."""
     t = c.view.tensors
     strides = t["strides"].to_numpy()
     for x in c.members[:1] + [c.forward]:
@@ -547,9 +548,8 @@ def _copies_a_dense_map(c: CauseView) -> bool:
         shape, stride = parse_tuple(c.tracer.shape[rows[0]]), parse_tuple(strides[rows[0]])
         if len(shape) != c.rank or len(stride) != len(shape):
             continue
-        fmt = torch.channels_last_3d if c.rank == 5 else torch.channels_last
         meta = torch.empty_strided(shape, stride, device="meta")
-        if meta.is_contiguous(memory_format=fmt) and not meta.is_contiguous():
+        if meta[0].movedim(0, -1).is_contiguous() and not meta[0].is_contiguous():
             return True
     return False
 
@@ -562,16 +562,15 @@ def _weight_in_reach(c: CauseView, fns: list[types.FunctionType]) -> str | None:
     if not fns or any(fn.__code__.co_varnames[:1] != ("self",) for fn in fns):
         return None
     view, own = c.view, str(c.module)
-    if own in ("", "<root>"):
-        return None
+    prefix = "" if own in ("", "<root>") else own + "."
     inside = [int(x) for x in np.flatnonzero(view.is_conv & (view.phase == "forward"))
-              if str(view.module[int(x)]).startswith(own + ".")]
+              if str(view.module[int(x)]).startswith(prefix) and str(view.module[int(x)]) not in ("", "<root>")]
     if not inside:
         return None
     down, up = view.downstream_convs(c.forward), view.upstream_convs(c.forward)
     chosen = next((x for x in inside if x in down), None) or next((x for x in reversed(inside) if x in up), None) \
         or inside[0]
-    path = str(view.module[chosen])[len(own) + 1:]
+    path = str(view.module[chosen])[len(prefix):]
     if not all(p.isidentifier() or p.isdigit() for p in path.split(".")):
         return None
     return module_expr(path, root="self") + ".weight"
