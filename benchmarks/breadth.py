@@ -582,11 +582,17 @@ def run_model(e: Entry, rounds: int, budget: float, max_params: float) -> list[d
         together = v[v["kind"] == "all"]
         if len(together):
             cb, ca = together["contiguous_hotspots_before"].iloc[0], together["contiguous_hotspots_after"].iloc[0]
-            if pd.isna(ca):  # nothing applied: the contiguous run is the model's own
-                ca = cb
-            if not pd.isna(cb):
-                model_row.update(contiguous_hotspots_before=int(cb), contiguous_hotspots_after=int(ca),
-                                 layout_regression=int(ca) > int(cb))
+        else:  # no cause, so no fix and no row: the contiguous run is the model's own, audited once
+            with stages("contiguous"):
+                plain = copy.deepcopy(model).to(memory_format=torch.contiguous_format)
+                cargs, _ = b.inputs(size, torch.contiguous_format)
+                own = auditor.audit(plain, *cargs, warmup=1, record_time=False, **step)
+                cb = ca = _hotspot_groups(own) if own.complete else pd.NA
+        if pd.isna(ca):  # nothing applied: the contiguous run is the model's own
+            ca = cb
+        if not pd.isna(cb):
+            model_row.update(contiguous_hotspots_before=int(cb), contiguous_hotspots_after=int(ca),
+                             layout_regression=int(ca) > int(cb))
         frame = fixes.frame  # verify proves candidates and takes fixes that hurt contiguous off the automatic ones
     except Exception as exc:
         if stages.current == "audit":  # does the model itself fail in channels_last, unaudited?
