@@ -264,14 +264,14 @@ def test_clean_models_need_no_fix(fixes):
     [
         ("explicit_contiguous",
          "return y.contiguous()  # planted: an explicit .contiguous() between two convolutions",
-         "return y.contiguous(memory_format=torch.channels_last)  # planted: an explicit .contiguous() between two convolutions"),
+         "return y.contiguous(memory_format=torch.channels_last if y.is_contiguous(memory_format=torch.channels_last) else torch.contiguous_format)  # planted: an explicit .contiguous() between two convolutions"),
         ("mixed_cat", "return torch.cat([y, y.contiguous()], dim=1)",
-         "return torch.cat([y, y.contiguous(memory_format=torch.channels_last)], dim=1)"),
+         "return torch.cat([y, y.contiguous(memory_format=torch.channels_last if y.is_contiguous(memory_format=torch.channels_last) else torch.contiguous_format)], dim=1)"),
         ("channels_last_3d",
          "return y.contiguous()  # planted: 5-D channels_last_3d lost to an explicit .contiguous()",
-         "return y.contiguous(memory_format=torch.channels_last_3d)  # planted: 5-D channels_last_3d lost to an explicit .contiguous()"),
+         "return y.contiguous(memory_format=torch.channels_last_3d if y.is_contiguous(memory_format=torch.channels_last_3d) else torch.contiguous_format)  # planted: 5-D channels_last_3d lost to an explicit .contiguous()"),
         ("user_restore", "return y.contiguous().contiguous(memory_format=CL)",
-         "return y.contiguous(memory_format=torch.channels_last).contiguous(memory_format=CL)"),
+         "return y.contiguous(memory_format=torch.channels_last if y.is_contiguous(memory_format=torch.channels_last) else torch.contiguous_format).contiguous(memory_format=CL)"),
     ],
 )
 def test_source_fix_names_the_line_and_what_to_write(fixes, name, line, suggestion):

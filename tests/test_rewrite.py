@@ -149,12 +149,20 @@ def test_a_copy_into_contiguous_order_asks_for_channels_last():
 def test_an_nc11_map_is_broadcast_instead_of_interpolated():
     old = '        return F.interpolate(x, size=size, mode="bilinear", align_corners=False)\n'
     new = _new(old, rw.broadcast_the_map)
-    assert new == "        return x.expand(-1, -1, *size).contiguous(memory_format=torch.channels_last)\n"
+    follow = ("torch.channels_last if x.stride(1) == 1 and (x.shape[1] == 1 or x.stride(-1) > 1) "
+              "else torch.contiguous_format")
+    assert new == f"        return x.expand(-1, -1, *size).contiguous(memory_format={follow})\n"
     body = lambda code: code.strip().replace("return ", "y = ")  # noqa: E731
-    y = _same_math(body(old), body(new), {"x": _image(2, 8, 1, 1), "size": (5, 6)}, "y", exact=False)
-    assert y.is_contiguous(memory_format=CL)
+    # an N×C×1×1 map as a pool or convolution of a channels_last map lays it out: C innermost
+    pooled = torch.randn(2, 1, 1, 8).permute(0, 3, 1, 2)
+    y = _same_math(body(old), body(new), {"x": pooled, "size": (5, 6)}, "y", exact=False)
+    assert y.is_contiguous(memory_format=CL) and not y.is_contiguous()
+    # the same code run contiguous: the map's strides say so, and the broadcast stays contiguous, as
+    # the interpolation's output was
+    y = _same_math(body(old), body(new), {"x": torch.randn(2, 8, 1, 1), "size": (5, 6)}, "y", exact=False)
+    assert y.is_contiguous() and not y.is_contiguous(memory_format=CL)
     assert _new("y = F.interpolate(p, (h, w))\n", rw.broadcast_the_map) == \
-        "y = p.expand(-1, -1, h, w).contiguous(memory_format=torch.channels_last)\n"
+        f"y = p.expand(-1, -1, h, w).contiguous(memory_format={follow.replace('x.', 'p.')})\n"
     with pytest.raises(Refused, match="no output size"):
         _new("y = F.interpolate(p, scale_factor=2)\n", rw.broadcast_the_map)
 
@@ -170,17 +178,21 @@ def test_a_reshaped_weight_is_flattened_in_its_memory_order_and_keeps_its_commen
         ).reshape_as(self.weight)
 """
     new = _new(old, rw.flatten_in_memory_order)
-    assert "self.weight.permute(0, 2, 3, 1).reshape(1, self.out_channels, -1)," in new
+    assert "(self.weight.permute(0, 2, 3, 1) if (_cl := self.weight.stride(1) == 1" in new
+    assert "else self.weight).reshape(1, self.out_channels, -1)," in new
     assert "None,  # running_mean" in new and new.endswith(
-        ").reshape(self.weight.permute(0, 2, 3, 1).shape).permute(0, 3, 1, 2)\n")
+        ").reshape(self.weight.permute(0, 2, 3, 1).shape if _cl else self.weight.shape)"
+        ".permute((0, 3, 1, 2) if _cl else (0, 1, 2, 3))\n")
 
-    class Conv:
-        out_channels = 6
-        weight = torch.randn(6, 4, 3, 3).contiguous(memory_format=CL)
-    scope = {"self": Conv()}
-    a, b = (_run(code, scope)["weight"] for code in (old, new))
-    torch.testing.assert_close(a, b)
-    assert b.is_contiguous(memory_format=CL)
+    for fmt, shape in ((CL, (6, 4, 3, 3)), (torch.contiguous_format, (6, 4, 3, 3)), (CL, (6, 4, 1, 1)),
+                       (torch.contiguous_format, (6, 4, 1, 1)), (CL, (6, 1, 3, 3))):
+        class Conv:
+            out_channels = 6
+            weight = torch.randn(*shape).contiguous(memory_format=fmt)
+        scope = {"self": Conv()}
+        a, b = (_run(code, scope)["weight"] for code in (old, new))
+        torch.testing.assert_close(a, b)
+        assert b.stride() == Conv.weight.stride(), (fmt, shape)  # its own layout kept: channels_last or contiguous
 
 
 def test_a_statement_is_found_whole_and_a_compound_header_is_refused(tmp_path):

@@ -89,6 +89,9 @@ def verification_text(frame: pd.DataFrame) -> str:
         same = "same outputs and gradients" if r["same_outputs"] else "OUTPUTS CHANGED"
         lines.append(f"      hotspot groups {r['hotspots_before']} -> {r['hotspots_after']}; {same} (largest "
                      f"difference {r['max_rel_diff']:.1e} of the largest value)")
+        if not pd.isna(r.get("contiguous_hotspots_after", pd.NA)):
+            lines.append(f"      run all-contiguous: hotspot groups {r['contiguous_hotspots_before']} -> "
+                         f"{r['contiguous_hotspots_after']}")
         lines.append(f"      step {format_us(r['step_us_before'])} -> {format_us(r['step_us_after'])}: "
                      f"{saving_text(r)}; estimated {format_us(r['estimated_us'])}")
         lines.append(f"      verdict: {r['verdict']}")
@@ -103,7 +106,9 @@ def verification_html(frame: pd.DataFrame) -> str:
     shown = frame.assign(measured=[saving_text(r) for r in frame.to_dict("records")])
     return table_html(shown, columns={
         "kind": "kind", "fix": "fix", "pattern": "pattern", "source": "file:line", "applied": "applied",
-        "hotspots_before": "hotspots before", "hotspots_after": "hotspots after", "same_outputs": "same outputs",
+        "hotspots_before": "hotspots before", "hotspots_after": "hotspots after",
+        "contiguous_hotspots_before": "contiguous run before", "contiguous_hotspots_after": "contiguous run after",
+        "same_outputs": "same outputs",
         "measured": "saving, measured", "estimated_us": "saving, estimated", "step_us_before": "step before",
         "step_us_after": "step after", "verdict": "verdict", "reason": "reason"},
         formats={"fix": _fix_number},

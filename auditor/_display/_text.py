@@ -139,6 +139,8 @@ def saving_text(row) -> str:
     verdict = str(row["verdict"])
     if verdict in ("not applied", "changes outputs", ""):
         return verdict or "-"
+    if verdict == "hurts contiguous":
+        return _hurts_contiguous(row)
     ratio, low, high = float(row["ratio"]), float(row["ratio_low"]), float(row["ratio_high"])
     interval = f"[{low:.3f}, {high:.3f}]"
     rounds = f"{int(row['rounds'])} paired rounds"
@@ -156,12 +158,21 @@ def saving_text(row) -> str:
             "from this machine's noise")
 
 
+def _hurts_contiguous(row) -> str:
+    return (f"hurts contiguous: the model run all-contiguous has {row.get('contiguous_hotspots_before')} hotspot "
+            f"groups without the fix and {row.get('contiguous_hotspots_after')} with it, so it is not made "
+            "automatically")
+
+
 def measured_short(row) -> str:
     """A verified saving in a table cell: the saving and its interval (``1.2 ms [529.3 µs, 1.6
     ms]``), what it costs, or the verdict; :func:`saving_text` has the ratio and rounds."""
     verdict = str(row["verdict"])
     if verdict == "helps":
         return f"{format_us(row['saving_us'])} [{format_us(row['saving_low_us'])}, {format_us(row['saving_high_us'])}]"
+    if verdict == "hurts contiguous":
+        return (f"hurts contiguous ({row.get('contiguous_hotspots_before')} -> "
+                f"{row.get('contiguous_hotspots_after')} groups)")
     if verdict == "hurts":
         return (f"costs {format_us(-row['saving_us'])} [{format_us(-row['saving_high_us'])}, "
                 f"{format_us(-row['saving_low_us'])}]")

@@ -248,7 +248,9 @@ def _explicit_copy_fix(c: CauseView) -> Proposal:
     detail = (f"{c.what} copies the activation into contiguous order between two convolutions; keep it "
               f"{c.cl_name}" + (f" (or remove the call: its input is already dense {c.cl_name})" if frm == c.cl_name
                                 else ""))
-    return _statement_edit(c, "keep_format_in_copy", detail=detail)
+    # an input already in the format: ask for the format the input is in, which keeps a contiguous
+    # run of the same code as it was; otherwise only a copy into the format helps
+    return _statement_edit(c, "follow_format_in_copy" if frm == c.cl_name else "keep_format_in_copy", detail=detail)
 
 
 def _torch_module_type(name: str, table) -> type | None:
@@ -544,15 +546,146 @@ def _conv_weight_fix(c: CauseView) -> Proposal:
                                  f"torch.{c.cl_name}){more}", extra={"modules": modules})
 
 
+@dataclass(frozen=True)
+class Candidate:
+    """One rewrite of a statement that is exact only where the model's shapes make it so:
+    :meth:`Fixes.verify` proves it on the model, or drops it."""
+
+    label: str  #: what it does, in a few words
+    edit: tuple  #: (the statement, the rewrite, its facts), as :attr:`Proposal.edit`
+    line: str  #: the statement as it is
+    suggestion: str  #: the statement rewritten
+
+
+def _candidate(c: CauseView, label: str, rewrite: Callable) -> Candidate | None:
+    """``rewrite`` of ``c``'s statement, or None where the statement does not have its shape."""
+    from libcst import ParserSyntaxError
+
+    from . import _rewrite as rw
+
+    if c.path is None:
+        return None
+    try:
+        statement = rw.statement_at(c.path, c.lineno)
+        fns = _functions(c.path, c.lineno)
+        if not fns:
+            return None
+        facts = _facts(c, fns)
+        new = rw.rewrite(statement, [(rewrite, facts)])
+    except (rw.Refused, ParserSyntaxError):
+        return None
+    return Candidate(label, (statement, rewrite, facts), statement.text.rstrip("\n"), new.rstrip("\n"))
+
+
+def _line_events(c: CauseView) -> list[int]:
+    """The forward events recorded at the cause's line (those of its forward op's line)."""
+    view = c.view
+    return [int(x) for x in np.flatnonzero((view.phase == "forward") & (view.source == view.source[c.forward]))]
+
+
+#: the ops a reshape into a map is recorded as (a view, or the view after the copy it makes)
+_RESHAPES = ("aten.view.", "aten._unsafe_view.", "aten.reshape.")
+
+
+def _tokens_to_map_rank(c: CauseView) -> int | None:
+    """The rank of a tensor laid out (B, c1 .. ck, N) that the reshapes on the cause's line make
+    into a map (B, C, H, W) with N = H·W and c1·..·ck = C, as the recorded shapes of every such
+    reshape there show (a line run at several sizes: one of them may fit by chance); None
+    where one does not, or the ranks differ."""
+    found, every = set(), True
+    for x in _line_events(c):
+        if not c.tracer.op[x].startswith(_RESHAPES):
+            continue
+        ins, outs = c.shapes(x)
+        if len(ins) != 1 or len(outs) != 1 or len(ins[0]) < 3 or len(outs[0]) != 4:
+            continue
+        (i,), (o,) = ins, outs
+        if i[0] == o[0] and i[-1] == o[2] * o[3] and int(np.prod(i[1:-1])) == o[1]:
+            found.add(len(i))
+        else:
+            every = False
+    return found.pop() if every and len(found) == 1 else None
+
+
+def _copies_a_dense_map(c: CauseView) -> bool:
+    """Whether the cause copies (clone) a tensor whose recorded strides make each sample a dense
+    map in the format already (a permuted view of NHWC data; the samples may lie apart, as the
+    tokens of a sample with a class token do): the copy only changes the format."""
+    t = c.view.tensors
+    strides = t["strides"].to_numpy()
+    for x in c.members[:1] + [c.forward]:
+        if not c.tracer.op[x].startswith("aten.clone"):
+            continue
+        rows = [r for r in c.tracer._rows(x) if not c.tracer.is_out[r]]
+        if not rows:
+            continue
+        shape, stride = parse_tuple(c.tracer.shape[rows[0]]), parse_tuple(strides[rows[0]])
+        if len(shape) != c.rank or len(stride) != len(shape):
+            continue
+        meta = torch.empty_strided(shape, stride, device="meta")
+        if meta[0].movedim(0, -1).is_contiguous() and not meta[0].is_contiguous():
+            return True
+    return False
+
+
+def _weight_in_reach(c: CauseView, fns: list[types.FunctionType]) -> str | None:
+    """A convolution weight the cause's line can read as ``self.<path>.weight``: of a
+    convolution that ran inside the module the line ran in (the one the cause's map feeds
+    first, else the one that made its input, else any), where the line is in a method of that
+    module. Its layout is the format the model runs in."""
+    if not fns or any(fn.__code__.co_varnames[:1] != ("self",) for fn in fns):
+        return None
+    view, own = c.view, str(c.module)
+    prefix = "" if own in ("", "<root>") else own + "."
+    inside = [int(x) for x in np.flatnonzero(view.is_conv & (view.phase == "forward"))
+              if str(view.module[int(x)]).startswith(prefix) and str(view.module[int(x)]) not in ("", "<root>")]
+    if not inside:
+        return None
+    down, up = view.downstream_convs(c.forward), view.upstream_convs(c.forward)
+    chosen = next((x for x in inside if x in down), None) or next((x for x in reversed(inside) if x in up), None) \
+        or inside[0]
+    path = str(view.module[chosen])[len(prefix):]
+    if not all(p.isidentifier() or p.isdigit() for p in path.split(".")):
+        return None
+    return module_expr(path, root="self") + ".weight"
+
+
 @register_fix(patterns.JOINS.name)
 def _joins_fix(c: CauseView) -> Proposal:
+    """A token or row tensor made into a map: the rewrites the recorded shapes and strides allow
+    (the map written in NHWC order, the copy of a channels_last view dropped, the product that
+    makes the map computed transposed), each also in the form that follows the format of a
+    convolution weight the line can reach, proposed as candidates that :meth:`Fixes.verify`
+    proves on the model; without one, by hand."""
+    from . import _rewrite as rw
+
     where = short_source(c.source) if c.source else c.module
-    return c.proposal(EDIT, c.row.fix,
-                      suggestion=f"y = f(x4d)  # compute on the {c.cl_name} image or a 4-D view of it, not on a "
-                                 "reshaped or 3-D copy",
-                      line=linecache.getline(c.path, c.lineno).rstrip("\n") if c.path else "",
+    found: list[Candidate | None] = []
+    weight = _weight_in_reach(c, _functions(c.path, c.lineno)) if c.path else None
+    rank = _tokens_to_map_rank(c)
+    if rank is not None:
+        found.append(_candidate(c, "the map written in NHWC order (reshape then permute)", rw.map_in_nhwc_order(rank)))
+        if weight:
+            found.append(_candidate(c, f"the map written in NHWC order, in the format of {weight}",
+                                    rw.map_in_nhwc_order(rank, weight)))
+    if _copies_a_dense_map(c):
+        found.append(_candidate(c, "the copy of the channels_last view dropped", rw.copy_of_permuted()))
+        if weight:
+            found.append(_candidate(c, f"the copy of the channels_last view made in the format of {weight}",
+                                    rw.copy_of_permuted(weight)))
+    if any(c.tracer.op[x].startswith(("aten.bmm", "aten.mm", "aten.matmul")) for x in _line_events(c)):
+        found.append(_candidate(c, "the product computed transposed", rw.product_transposed))
+    candidates = [x for x in found if x is not None]
+    line = linecache.getline(c.path, c.lineno).rstrip("\n") if c.path else ""
+    if candidates:
+        labels = "; ".join(x.label for x in candidates)
+        return c.proposal(EDIT, c.row.fix, line=candidates[0].line, extra={"candidates": candidates},
+                          reason=f"{len(candidates)} candidate rewrite{'s' * (len(candidates) > 1)} ({labels}) "
+                                 "exact only for some shapes: Fixes.verify(model, *inputs) proves one on this model "
+                                 "or drops them")
+    return c.proposal(EDIT, c.row.fix, line=line,
                       reason=f"the tensor made at {where} is not an image of the convolutions (a token or row "
-                             "tensor): where to make it channels_last depends on what the code computes")
+                             "tensor), and no rewrite of its statement is known to make it a map in the format")
 
 
 @register_fix(patterns.NO_CL_KERNEL.name, patterns.RESHAPE_MERGE.name, patterns.CONV_NO_KERNEL.name,

@@ -291,6 +291,37 @@ def keep_format_in_copy(module: cst.Module, facts: Facts) -> cst.Module:
     return _replace(module, call, new)
 
 
+def follow_format_in_copy(module: cst.Module, facts: Facts) -> cst.Module:
+    """``x.contiguous()`` (or a copy into ``contiguous_format``) whose input is already dense in
+    the channels_last format asks for the format ``x`` is in: no copy where ``x`` is a dense
+    channels_last map, the same copy as before where it is not, so code a contiguous model runs
+    too is not made to write channels_last (explicit_copy)."""
+    def is_copy(node) -> bool:
+        if not isinstance(node, cst.Call) or not isinstance(node.func, cst.Attribute):
+            return False
+        name, fmt = node.func.attr.value, _arg(node, 99, "memory_format")
+        if name == "contiguous":
+            return not node.args or (fmt is not None and _code(fmt.value).endswith("contiguous_format"))
+        return name == "to" and fmt is not None and _code(fmt.value).endswith("contiguous_format")
+
+    call = _the_one(_find(module, is_copy), "copy into contiguous order (.contiguous())")
+    cl = _memory_format(facts)
+    x = call.func.value
+    if _simple(x):
+        ref, receiver = _code(x), x
+    else:
+        ref = facts.new_name("_copied")
+        receiver = _expr(f"({ref} := {_code(x)})")
+    follow = _expr(f"{cl} if {ref}.is_contiguous(memory_format={cl}) else {facts.torch}.contiguous_format")
+    fmt = _arg(call, 99, "memory_format")
+    if fmt is None:
+        new = call.with_changes(args=[cst.Arg(follow, keyword=cst.Name("memory_format"),
+                                              equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))])
+    else:
+        new = call.with_deep_changes(fmt, value=follow)
+    return _replace(module, call, new.with_changes(func=new.func.with_changes(value=receiver)))
+
+
 def _spatial(facts: Facts) -> set[int]:
     return set(range(2, facts.rank))
 
@@ -388,8 +419,9 @@ def add_the_branches(module: cst.Module, facts: Facts) -> cst.Module:
 
 def broadcast_the_map(module: cst.Module, facts: Facts) -> cst.Module:
     """``F.interpolate(p, size=s, ...)`` of an N×C×1×1 map becomes
-    ``p.expand(-1, -1, *s).contiguous(memory_format=torch.channels_last)``: every output pixel
-    is the one input pixel, written once in the format (nc11_broadcast)."""
+    ``p.expand(-1, -1, *s).contiguous(memory_format=...)``: every output pixel is the one input
+    pixel, written once, in the format the map's strides show (channels_last where C is
+    innermost, else contiguous), as the interpolation wrote it (nc11_broadcast)."""
     def is_resize(node) -> bool:
         return isinstance(node, cst.Call) and _callee(node) in ("interpolate", "upsample", "upsample_bilinear",
                                                                   "upsample_nearest")
@@ -404,7 +436,16 @@ def broadcast_the_map(module: cst.Module, facts: Facts) -> cst.Module:
         spatial = ", ".join(_code(e.value) for e in values.elements)
     else:
         spatial = f"*{_code(values)}"
-    text = f"{_code(x.value)}.expand(-1, -1, {spatial}).contiguous(memory_format={_memory_format(facts)})"
+    # the format follows the map's own strides, as the interpolation's output did: channels_last
+    # where it is laid out so (C innermost), contiguous where a contiguous run made it
+    cl = _memory_format(facts)
+    if _simple(x.value):
+        ref = first = _code(x.value)
+    else:
+        ref = facts.new_name("_map")
+        first = f"({ref} := {_code(x.value)})"
+    follow = f"{cl} if {ref}.stride(1) == 1 and ({ref}.shape[1] == 1 or {ref}.stride(-1) > 1) else {facts.torch}.contiguous_format"
+    text = f"{first}.expand(-1, -1, {spatial}).contiguous(memory_format={follow})"
     return _replace(module, call, _expr(text))
 
 
@@ -531,7 +572,8 @@ def flatten_in_memory_order(module: cst.Module, facts: Facts) -> cst.Module:
     """A channels_last weight reshaped for a batch norm, ``F.batch_norm(w.reshape(1, O, -1),
     ...).reshape_as(w)``, is flattened in its memory order, ``w.permute(0, 2, 3, 1)`` (the
     reshape of which is a view), and permuted back after: the same statistics per output
-    channel, no copy of the weight (weight_rebuilt)."""
+    channel, no copy of the weight (weight_rebuilt). The order follows the weight's layout, so
+    a contiguous weight is flattened as before and no copy is added there."""
     order = tuple([0, *range(2, facts.rank), 1])
     back = tuple([0, facts.rank - 1, *range(1, facts.rank - 1)])
 
@@ -549,7 +591,11 @@ def flatten_in_memory_order(module: cst.Module, facts: Facts) -> cst.Module:
     flat = _arg(norm, 0, "input")
     if w is None or flat is None or not _simple(w):
         raise Refused("the weight is not a name or attribute")
-    permuted = f"{_code(w)}.permute{order}"
+    # the weight's own layout picks the order: channels_last is flattened in NHWC order, a
+    # contiguous weight (a model run contiguous through the same code) as it was
+    ws, flag = _code(w), facts.new_name("_cl")
+    is_cl = f"{ws}.stride(1) == 1 and ({ws}.shape[1] == 1 or {ws}.stride(-1) > 1)"
+    permuted = f"({ws}.permute{order} if ({flag} := {is_cl}) else {ws})"
 
     def is_flattening(node) -> bool:
         return (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)
@@ -563,10 +609,12 @@ def flatten_in_memory_order(module: cst.Module, facts: Facts) -> cst.Module:
     if inner is None or not is_flattening(inner):
         raise Refused("the normalised tensor is not a reshape of the weight")
     new_inner = inner.with_changes(func=_expr(f"{permuted}.{inner.func.attr.value}"))
-    new_outer = _expr(f"{_code(norm)}.reshape({permuted}.shape).permute{back}")
+    identity = tuple(range(facts.rank))
+    shaped_back = (f".reshape({ws}.permute{order}.shape if {flag} else {ws}.shape)"
+                   f".permute({back} if {flag} else {identity})")
+    new_outer = _expr(f"{_code(norm)}{shaped_back}")
     if flat.value is inner:
-        new_outer = _expr(f"{_code(norm.with_deep_changes(flat, value=new_inner))}.reshape({permuted}.shape)"
-                          f".permute{back}")
+        new_outer = _expr(f"{_code(norm.with_deep_changes(flat, value=new_inner))}{shaped_back}")
         return _replace(module, outer, new_outer)
     return _replace_all(module, [(inner, new_inner), (outer, new_outer)])
 
@@ -583,3 +631,133 @@ def shuffle_by_torch(params: tuple[str, str]) -> Callable[[cst.Module, Facts], c
         return module.with_deep_changes(body, body=[statement]) if body is not module else module.with_changes(
             body=[statement])
     return shuffle
+
+
+# -- joins: a token or row tensor made into a map, candidates that verification proves -------------
+
+
+def _is_swap_of_last_two(node, rank: int) -> bool:
+    """``y.transpose(a, b)`` or ``y.permute(...)`` that swaps the last two of ``rank``
+    dimensions and nothing else."""
+    if not isinstance(node, cst.Call) or not isinstance(node.func, cst.Attribute) or node.func.attr.value not in (
+            "transpose", "permute", "swapaxes", "swapdims"):
+        return False
+    values = [_int(a.value) for a in node.args if a.keyword is None and not a.star]
+    if len(values) == 1 and isinstance(node.args[0].value, (cst.Tuple, cst.List)):
+        values = list(_ints(node.args[0].value) or [None])
+    if None in values or any(a.keyword is not None for a in node.args):
+        return False
+    if node.func.attr.value == "permute":
+        return len(values) == rank and [v % rank for v in values] == [*range(rank - 2), rank - 1, rank - 2]
+    return len(values) == 2 and {v % rank for v in values} == {rank - 2, rank - 1}
+
+
+def _reshape_args(call: cst.Call) -> list[cst.BaseExpression] | None:
+    """The four sizes of ``x.reshape(a, b, c, d)`` (or ``x.view``, or one tuple of four)."""
+    args = [a for a in call.args if a.keyword is None and not a.star]
+    if len(args) != len(call.args):
+        return None
+    if len(args) == 1 and isinstance(args[0].value, cst.Tuple):
+        args = list(args[0].value.elements)
+    return [a.value for a in args] if len(args) == 4 else None
+
+
+def format_of_weight(weight: str, facts: Facts) -> str:
+    """An expression for the format ``weight`` (a convolution's, written as code) is laid out
+    in: the format the model was put in, which a convolution computes in. A channels_last
+    kernel has its input channels innermost (stride 1), whatever its size, where a contiguous
+    one has them so only with a 1×1 kernel, and then its last stride is 1 too."""
+    t = facts.torch
+    if t is None:
+        raise Refused("torch is not imported where this line runs, so the rewrite cannot name a memory format")
+    w = facts.new_name("_w")
+    return (f"{t}.{facts.cl} if (({w} := {weight}).stride(1) == 1 and ({w}.shape[1] == 1 or {w}.stride(-1) > 1)) "
+            f"else {t}.contiguous_format")
+
+
+def map_in_nhwc_order(rank: int, weight: str | None = None) -> Callable[[cst.Module, Facts], cst.Module]:
+    """The rewrite of ``x.reshape(B, C, H, W)`` of a tensor ``x`` of ``rank`` dimensions laid
+    out (B, c1 .. ck, N), with N = H·W and c1·..·ck = C (as the recorded shapes show), into
+    ``x.permute(0, rank - 1, 1 .. k).reshape(B, H, W, C).permute(0, 3, 1, 2)``: the same index
+    permutation of the same values, written in NHWC order, so the map is a channels_last view
+    and the reshape a view where ``x`` is a transposed view of tokens (joins). Where ``x`` is
+    itself a swap of its last two dimensions, the two permutations are written as one. With
+    ``weight`` (a convolution's weight, as code), the map is then made contiguous in that
+    weight's format (:func:`format_of_weight`): no copy where the model runs channels_last, the
+    copy it always made where it runs contiguous."""
+    def rewrite(module: cst.Module, facts: Facts) -> cst.Module:
+        def is_reshape(node) -> bool:
+            return (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)
+                    and node.func.attr.value in ("reshape", "view") and _reshape_args(node) is not None)
+
+        call = _the_one(_find(module, is_reshape), "reshape into four dimensions (x.reshape(B, C, H, W))")
+        b, ch, h, w = (_code(a) for a in _reshape_args(call))
+        x = call.func.value
+        if isinstance(x, cst.Call) and _is_swap_of_last_two(x, rank):  # x = y with its last two swapped
+            y = _code(x.func.value)
+            order = [0, rank - 2, *range(1, rank - 2), rank - 1]
+            first = y if order == list(range(rank)) else f"{y}.permute({', '.join(map(str, order))})"
+        else:
+            order = [0, rank - 1, *range(1, rank - 1)]
+            first = f"{_code(x)}.permute({', '.join(map(str, order))})"
+        text = f"{first}.reshape({b}, {h}, {w}, {ch}).permute(0, 3, 1, 2)"
+        if weight is not None:
+            text += f".contiguous(memory_format={format_of_weight(weight, facts)})"
+        return _replace(module, call, _expr(text))
+    return rewrite
+
+
+def copy_of_permuted(weight: str | None = None) -> Callable[[cst.Module, Facts], cst.Module]:
+    """``x.permute(...).contiguous()`` (or ``.transpose``) whose permuted view is already a dense
+    map in the format, as the recorded strides show: the copy is dropped, the view kept; with
+    ``weight`` (a convolution's weight, as code), the copy is made in that weight's format
+    instead (:func:`format_of_weight`), which is no copy where the model runs channels_last
+    (joins)."""
+    def rewrite(module: cst.Module, facts: Facts) -> cst.Module:
+        found = drop_copy_of_permuted(module, facts, _keep=True)
+        if weight is None:
+            return found[0]
+        call = found[1]
+        fmt = _expr(format_of_weight(weight, facts))
+        new = call.with_changes(args=[cst.Arg(fmt, keyword=cst.Name("memory_format"),
+                                              equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))])
+        return _replace(module, call, new)
+    return rewrite
+
+
+def drop_copy_of_permuted(module: cst.Module, facts: Facts, _keep: bool = False):
+    """``x.permute(...).contiguous()`` (or ``.transpose``) written as the permuted view alone
+    (joins); the caller checks, from the recorded strides, that the view is a dense map."""
+    def is_copy(node) -> bool:
+        if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)
+                and node.func.attr.value == "contiguous" and not node.args):
+            return False
+        inner = node.func.value
+        return isinstance(inner, cst.Call) and isinstance(inner.func, cst.Attribute) and inner.func.attr.value in (
+            "permute", "transpose")
+
+    call = _the_one(_find(module, is_copy), ".contiguous() of a permuted view")
+    dropped = _replace(module, call, call.func.value)
+    return (dropped, call) if _keep else dropped
+
+
+def product_transposed(module: cst.Module, facts: Facts) -> cst.Module:
+    """``a @ b`` becomes ``(b.mT @ a.mT).mT`` written with ``transpose(-2, -1)``: each output
+    element the same dot product, computed transposed, so the result is a transposed view whose
+    last dimension (the positions of a map) lies across memory (joins). A factor that is itself
+    ``z.transpose(-2, -1)`` is written ``z``."""
+    def is_product(node) -> bool:
+        return isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.MatrixMultiply)
+
+    node = _the_one(_find(module, is_product), "matrix product (a @ b)")
+
+    def transposed(e: cst.BaseExpression) -> str:
+        if isinstance(e, cst.Call) and isinstance(e.func, cst.Attribute) and e.func.attr.value == "transpose":
+            values = [_int(a.value) for a in e.args]
+            if len(values) == 2 and set(values) == {-1, -2} and all(a.keyword is None for a in e.args):
+                return _code(e.func.value)
+        text = _code(e)
+        simple = _simple(e) or (isinstance(e, cst.Call) and _simple(e.func))
+        return f"{text if simple else f'({text})'}.transpose(-2, -1)"
+    text = f"({transposed(node.right)} @ {transposed(node.left)}).transpose(-2, -1)"
+    return _replace(module, node, _expr(text))

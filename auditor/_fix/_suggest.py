@@ -50,7 +50,7 @@ FIX_COLUMNS = [
 #: The columns of :meth:`Fixes.verify`.
 VERIFY_COLUMNS = [
     "kind", "fix", "cause", "pattern", "source", "applied", "reason", "hotspots_before", "hotspots_after",
-    "same_outputs", "max_abs_diff", "max_rel_diff", "step_us_before", "step_us_after", "saving_us",
+    "contiguous_hotspots_before", "contiguous_hotspots_after", "same_outputs", "max_abs_diff", "max_rel_diff", "step_us_before", "step_us_after", "saving_us",
     "saving_low_us", "saving_high_us", "ratio", "ratio_low", "ratio_high", "rounds", "estimated_us", "verdict",
 ]
 #: The columns of :meth:`Fixes.apply`.
@@ -236,7 +236,7 @@ class Fixes:
             p = self._proposals.get(n)
             if p is None or p.action != EDIT:
                 continue
-            if p.edit is None:
+            if p.edit is None or not p.automatic:
                 failed[n] = f"by hand: {p.reason}"
                 continue
             st = p.edit[0]
@@ -312,6 +312,15 @@ class Fixes:
         the causes that appear only once every fix is made get rows of their own (their fixes are
         made too, until no new cause appears). ``model`` itself is left as it was.
 
+        Each fix is also audited all-contiguous (the copy and the inputs in
+        torch.contiguous_format): ``contiguous_hotspots_before`` and ``_after``. A fix that adds
+        hotspot groups there changes code a contiguous run goes through for the worse: its
+        verdict is ``hurts contiguous`` and it is no longer automatic (:meth:`apply` and
+        :meth:`patch` leave it, with the reason). A fix proposed as candidate rewrites (a
+        statement whose rewrite is exact only for some shapes) has each tried in turn; the first
+        that keeps the values, removes its cause's hotspot groups and does not hurt the
+        contiguous run becomes the fix, the others are dropped.
+
         Returns one row per fix (``kind`` ``fix``), one for all together (``all``) and one per
         exposed cause (``exposed``), columns in :data:`VERIFY_COLUMNS`; also kept as
         :attr:`verification`, which this object's text and HTML show. The audit is left as it
@@ -322,7 +331,15 @@ class Fixes:
             raise RuntimeError("undo() the fixes applied before verifying: verify applies each one itself")
         step = Step(model, inputs, kwargs or {}, backward=backward, loss_fn=loss_fn)
         timing = {"rounds": rounds, "max_rounds": max_rounds, "budget_s": budget_s}
-        rows = [self._verify_one([n], step, warmup, seed, timing) for n in self._numbers(None)]
+        self._contiguous_before = _contiguous_groups(step, copy.deepcopy(step.model), warmup)
+        rows = []
+        for n in self._numbers(None):
+            p = self._proposals.get(n)
+            if p is not None and p.extra.get("candidates"):
+                rows.append(self._prove_candidates(n, p, step, warmup, seed, timing))
+            else:
+                rows.append(self._verify_one([n], step, warmup, seed, timing))
+        self._not_automatic_where_contiguous_hurts(rows)
         if len(self) > 0:
             together, found = self._verify_all(step, warmup, seed, timing, exposed, rows)
             rows.append(together)
@@ -334,9 +351,10 @@ class Fixes:
         return frame
 
     def _verify_one(self, numbers: list[int], step: Step, warmup: int, seed: int, timing: dict,
-                    extra: list[tuple[Fixes, list[int]]] = (), kind: str = "fix") -> dict:
+                    extra: list[tuple[Fixes, list[int]]] = (), kind: str = "fix", prove: bool = False) -> dict:
         """One row: ``numbers`` (and fixes of other audits, ``extra``) applied to a copy; ``kind``
-        ``fix`` for one fix, ``all`` for all of them."""
+        ``fix`` for one fix, ``all`` for all of them. With ``prove`` (a candidate), a fix that
+        fails a check (:func:`_failed_check`) is not timed."""
         row = self._row(numbers[0]) if kind == "fix" else None
         base = {"kind": kind, "fix": numbers[0] if row is not None else 0,
                 "cause": int(row["cause"]) if row is not None else 0,
@@ -350,19 +368,27 @@ class Fixes:
         checks = [verification.in_float64(step.replace(model=m)) or step.replace(model=copy.deepcopy(m))
                   for m in (reference, fixed_model)]
         names = verification.parameter_names(checks[1].model)  # a swapped module keeps its Parameters
-        with _applied([(self, numbers), *extra], fixed_model, checks[1].model) as (code, done):
+        plain_model = copy.deepcopy(step.model)  # run all-contiguous, fixed
+        with _applied([(self, numbers), *extra], fixed_model, checks[1].model, plain_model) as (code, done):
             applied = all(done[n][0] for n in numbers)
             reason = "; ".join(dict.fromkeys(done[n][1] for n in numbers if not done[n][0]))
             if not applied:
                 return {**base, "applied": False, "reason": reason, "verdict": verification.NOT_APPLIED,
-                        "hotspots_before": self._groups(numbers), "hotspots_after": pd.NA}
+                        "hotspots_before": self._groups(numbers), "hotspots_after": pd.NA,
+                        "contiguous_hotspots_before": pd.NA, "contiguous_hotspots_after": pd.NA}
             after = _audit(step.replace(model=copy.deepcopy(fixed_model)), warmup)
             out = {**base, "applied": True, "reason": "",
-                   **self._hotspot_counts(numbers, after)}
+                   **self._hotspot_counts(numbers, after),
+                   "contiguous_hotspots_before": getattr(self, "_contiguous_before", pd.NA),
+                   "contiguous_hotspots_after": _contiguous_groups(step, plain_model, warmup)}
             with _code_off(code):
                 before_values = verification.step_values(checks[0], seed)
             after_values = verification.step_values(checks[1], seed, names)
             same = verification.compare_values(before_values, after_values)
+            if prove and _failed_check({**out, "same_outputs": same.same, "max_rel_diff": same.max_rel_diff}):
+                return {**out, "same_outputs": same.same, "max_abs_diff": same.max_abs_diff,
+                        "max_rel_diff": same.max_rel_diff,
+                        "verdict": verification.verdict(True, same, None, _contiguous_pair(out))}
             before_step = step.replace(model=reference).timed()
             after_step = step.replace(model=fixed_model).timed()
 
@@ -376,7 +402,57 @@ class Fixes:
                 "saving_us": saving.saving_us, "saving_low_us": saving.saving_low_us,
                 "saving_high_us": saving.saving_high_us, "ratio": saving.ratio, "ratio_low": saving.ratio_low,
                 "ratio_high": saving.ratio_high, "rounds": saving.rounds,
-                "verdict": verification.verdict(True, same, saving), "_after": after}
+                "verdict": verification.verdict(True, same, saving, _contiguous_pair(out)), "_after": after}
+
+    def _prove_candidates(self, n: int, p: Proposal, step: Step, warmup: int, seed: int, timing: dict) -> dict:
+        """Fix ``n``'s candidate rewrites tried in turn on the model: the first that passes every
+        check (:func:`_failed_check`) becomes the fix (its edit, its text, automatic), and its row
+        is the fix's row; where none does, the fix stays by hand, saying why each failed."""
+        candidates = p.extra["candidates"]
+        failures = []
+        for cand in candidates:
+            p.edit, p.reason = cand.edit, ""
+            try:
+                row = self._verify_one([n], step, warmup, seed, timing, prove=True)
+            except Exception as exc:  # the rewritten code raises on this model
+                why = f"raises {type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
+            else:
+                why = _failed_check(row)
+                if not why:
+                    p.line, p.suggestion = cand.line, cand.suggestion
+                    self._set_row(n, line=cand.line, suggestion=cand.suggestion, automatic=True, reason="")
+                    return {**row, "reason": f"candidate {cand.label} proved ({len(candidates)} tried)"}
+            failures.append(f"{cand.label}: {why}")
+        p.edit = None
+        p.reason = "no candidate rewrite proved exact on this model: " + "; ".join(failures)
+        self._set_row(n, automatic=False, reason=p.reason, suggestion="")
+        row = self._row(n)
+        return {"kind": "fix", "fix": n, "cause": int(row["cause"]), "pattern": row["pattern"],
+                "source": row["source"], "estimated_us": self._estimate([n]), "applied": False,
+                "reason": f"by hand: {p.reason}", "verdict": verification.NOT_APPLIED,
+                "hotspots_before": self._groups([n]), "hotspots_after": pd.NA,
+                "contiguous_hotspots_before": getattr(self, "_contiguous_before", pd.NA),
+                "contiguous_hotspots_after": pd.NA}
+
+    def _set_row(self, n: int, **values) -> None:
+        """Fix ``n``'s row of :attr:`frame` changed in place (whoever holds the frame sees it)."""
+        mask = self.frame["fix"] == n
+        for column, value in values.items():
+            self.frame.loc[mask, column] = value
+
+    def _not_automatic_where_contiguous_hurts(self, rows: list[dict]) -> None:
+        """A fix whose verdict is ``hurts contiguous`` is no longer automatic, with the reason."""
+        for r in rows:
+            if r.get("kind") != "fix" or r.get("verdict") != verification.HURTS_CONTIGUOUS:
+                continue
+            n, p = int(r["fix"]), self._proposals.get(int(r["fix"]))
+            where = (f"the model run all-contiguous has {r['contiguous_hotspots_before']} hotspot groups without it "
+                     f"and {r['contiguous_hotspots_after']} with it")
+            reason = (f"this edit makes code that runs contiguous slower: {where}" if self._row(n)["action"] == EDIT
+                      else f"this fix makes the model slower where it runs contiguous: {where}")
+            if p is not None:
+                p.reason = reason
+            self._set_row(n, automatic=False, reason=reason)
 
     def _verify_all(self, step: Step, warmup: int, seed: int, timing: dict, exposed: bool,
                     rows: list[dict]) -> tuple[dict, list[dict]]:
@@ -389,6 +465,8 @@ class Fixes:
             return {"kind": "all", "fix": 0, "cause": 0, "pattern": "", "source": "", "applied": False,
                     "reason": "no fix can be made automatically", "verdict": verification.NOT_APPLIED,
                     "hotspots_before": self._groups(self._numbers(None)), "hotspots_after": pd.NA,
+                    "contiguous_hotspots_before": getattr(self, "_contiguous_before", pd.NA),
+                    "contiguous_hotspots_after": pd.NA,
                     "estimated_us": self._estimate(self._numbers(None))}, []
         extra: list[tuple[Fixes, list[int]]] = []
         found: list[dict] = []
@@ -460,10 +538,40 @@ class Fixes:
         return html if self.verification is None else html + verification_html(self.verification)
 
 
-def _audit(step: Step, warmup: int) -> Audit:
+def _audit(step: Step, warmup: int, time: bool = True) -> Audit:
     """The step audited as :func:`auditor.audit` would, after ``warmup`` steps."""
-    warm_up(step, warmup, record_time=True)
-    return record_step(step, record_source=True, record_time=True, warmup=warmup)
+    warm_up(step, warmup, record_time=time)
+    return record_step(step, record_source=True, record_time=time, warmup=warmup)
+
+
+def _contiguous_groups(step: Step, model: nn.Module, warmup: int):
+    """The hotspot groups of ``step`` on ``model`` (a copy, made contiguous in place) with its
+    inputs all-contiguous; NA where that step raises or does not complete."""
+    try:
+        found = _audit(verification.contiguous_step(step, model), warmup, time=False)
+    except Exception:
+        return pd.NA
+    return int(len(found.hotspots())) if found.complete else pd.NA
+
+
+def _contiguous_pair(row: dict) -> tuple[object, object]:
+    return row.get("contiguous_hotspots_before", pd.NA), row.get("contiguous_hotspots_after", pd.NA)
+
+
+def _failed_check(row: dict) -> str:
+    """Why a candidate's row does not prove it ("" when it does): not applied, other values,
+    hotspot groups of its cause left, or more hotspot groups in the contiguous run."""
+    if not row.get("applied"):
+        return str(row.get("reason") or "not applied").removeprefix("by hand: ")
+    if row.get("same_outputs") is False:
+        return f"changes the values (largest relative difference {float(row.get('max_rel_diff', float('nan'))):.1e})"
+    after = row.get("hotspots_after")
+    if after is not None and not pd.isna(after) and int(after) > 0:
+        return f"leaves {int(after)} of its {row.get('hotspots_before')} hotspot groups"
+    if verification.hurts_contiguous(*_contiguous_pair(row)):
+        return (f"adds hotspot groups to the contiguous run ({row['contiguous_hotspots_before']} -> "
+                f"{row['contiguous_hotspots_after']})")
+    return ""
 
 
 def _new_fixes(after: Audit, known: set[tuple]) -> tuple[Fixes | None, list[int]]:

@@ -36,6 +36,32 @@ TOLERANCE = {torch.float64: 1e-6, torch.float32: 1e-3, torch.float16: 5e-2, torc
 #: The verdicts of a verified fix.
 HELPS, WITHIN_NOISE, HURTS, CHANGES_OUTPUTS, NOT_APPLIED = (
     "helps", "within noise", "hurts", "changes outputs", "not applied")
+#: A fix that adds hotspot groups to the model run all-contiguous: it changes code (or modules)
+#: that a contiguous run goes through too, so it is not made automatically.
+HURTS_CONTIGUOUS = "hurts contiguous"
+
+
+def contiguous_step(step: Step, model) -> Step:
+    """``step`` run all-contiguous: ``model`` (a copy, changed in place) and the step's inputs in
+    torch.contiguous_format, the inputs that require gradients still leaves that do."""
+    if isinstance(model, torch.nn.Module):
+        model.to(memory_format=torch.contiguous_format)
+
+    def plain(t):
+        if not isinstance(t, torch.Tensor) or t.is_contiguous():
+            return t
+        out = t.detach().contiguous()
+        return out.requires_grad_() if t.requires_grad and t.is_leaf else out
+    return step.replace(model=model, inputs=tuple(pytree.tree_map(plain, list(step.inputs))),
+                        kwargs=pytree.tree_map(plain, dict(step.kwargs)))
+
+
+def hurts_contiguous(before, after) -> bool:
+    """Whether the contiguous run has more hotspot groups with the fix than without it."""
+    try:
+        return int(after) > int(before)
+    except (TypeError, ValueError):
+        return False
 
 
 def parameter_names(model) -> dict[int, str]:
@@ -164,13 +190,17 @@ def measure_saving(before: Callable[[], object], after: Callable[[], object], *,
     return Saving(b, a, b * (1 - med), b * (1 - high), b * (1 - low), med, low, high, len(paired), resolved, clock)
 
 
-def verdict(applied: bool, comparison: Comparison | None, saving: Saving | None) -> str:
-    """``not applied``, ``changes outputs``, or from the time: ``helps`` (the whole interval of
-    after / before below 1), ``hurts`` (above 1), else ``within noise``."""
+def verdict(applied: bool, comparison: Comparison | None, saving: Saving | None,
+            contiguous: tuple[object, object] | None = None) -> str:
+    """``not applied``, ``changes outputs``, ``hurts contiguous`` (``contiguous``: the hotspot
+    groups of the contiguous run before and after, more after), or from the time: ``helps``
+    (the whole interval of after / before below 1), ``hurts`` (above 1), else ``within noise``."""
     if not applied:
         return NOT_APPLIED
     if comparison is not None and not comparison.same:
         return CHANGES_OUTPUTS
+    if contiguous is not None and hurts_contiguous(*contiguous):
+        return HURTS_CONTIGUOUS
     if saving is None or not saving.resolved:
         return WITHIN_NOISE
     return HELPS if saving.ratio_high < 1 else HURTS
