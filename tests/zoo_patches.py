@@ -491,10 +491,9 @@ ZOO = [
 ]
 
 #: Conv and token hybrids whose causes are tokens joining the map (``joins``): real format
-#: problems (each happens in the channels_last run only), whose fixes the fix engine leaves by
-#: hand with its reason (where to make a token tensor channels_last depends on what the code
-#: computes). They run every zoo test; the verification's share of automatic fixes is taken
-#: over :data:`ZOO` and reported for these apart, until joins has an automatic fix.
+#: problems (each happens in the channels_last run only), whose fixes are candidates that only
+#: verification on the model can prove, or by hand with the reason. They run every zoo test; the
+#: verification's share of automatic fixes is taken over :data:`ZOO` and reported for these apart.
 HYBRIDS = [
     # window attention: the map padded to whole windows in NHWC (its layout the code's, from
     # the pad on, in any format), the attention output a row-major (B, d, N) viewed as the map.
