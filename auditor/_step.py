@@ -9,11 +9,36 @@ graph that nothing would use, as inference does.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
+
+
+def copy_model(model: torch.nn.Module) -> torch.nn.Module:
+    """``copy.deepcopy(model)``, also for a model that keeps tensors of its last step that are
+    not graph leaves in a plain attribute (a cache such as RAFT's correlation pyramid), which
+    deepcopy refuses: each is copied detached, as the state of a model at rest would be."""
+    memo: dict[int, object] = {}
+    for module in model.modules():
+        for key, value in vars(module).items():
+            if key not in ("_parameters", "_buffers", "_modules"):
+                _detach_into(memo, value, depth=0)
+    return copy.deepcopy(model, memo)
+
+
+def _detach_into(memo: dict[int, object], value, depth: int) -> None:
+    if isinstance(value, torch.Tensor):
+        if not value.is_leaf:
+            memo[id(value)] = value.detach().clone()
+    elif depth < 4 and isinstance(value, (list, tuple)):
+        for v in value:
+            _detach_into(memo, v, depth + 1)
+    elif depth < 4 and isinstance(value, dict):
+        for v in value.values():
+            _detach_into(memo, v, depth + 1)
 
 
 def default_loss(output) -> torch.Tensor:

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import pytest
 import torch
@@ -351,3 +352,34 @@ def test_at_least_nine_in_ten_zoo_causes_are_fixed_automatically(request):
     automatic = sum(a for a, _ in _ZOO_FIXES.values())
     causes = sum(n for _, n in _ZOO_FIXES.values())
     assert causes and automatic / causes >= AUTOMATIC_SHARE, _ZOO_FIXES
+
+
+class CachesItsLastStep(nn.Module):
+    """Keeps an activation of its last forward in a list (RAFT's correlation pyramid does): a
+    tensor that is no graph leaf, which copy.deepcopy refuses."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.soft, self.b = nn.Conv2d(3, 8, 3, padding=1), nn.Softmax(dim=1), nn.Conv2d(8, 8, 3, padding=1)
+        self.cache: list[torch.Tensor] = []
+
+    def forward(self, x):
+        y = self.a(x)
+        self.cache = [y]
+        return self.b(self.soft(y))
+
+
+def test_a_model_that_caches_a_non_leaf_tensor_is_verified_and_planned():
+    cl = torch.channels_last
+    model, x = CachesItsLastStep().to(memory_format=cl), torch.randn(2, 3, 16, 16).to(memory_format=cl)
+    model(x)
+    with pytest.raises(RuntimeError, match="graph leaves"):
+        __import__("copy").deepcopy(model)
+    f = auditor.suggest_fixes(auditor.audit(model, x, record_time=False))
+    v = f.verify(model, x, **QUICK)
+    assert v.iloc[0]["applied"] and v.iloc[0]["hotspots_after"] == 0 and v.iloc[0]["same_outputs"]
+    assert model.cache[0].grad_fn is not None  # the model's own cache is left as it was
+    with warnings.catch_warnings():  # one round cannot separate the layouts: only the copy is asked
+        warnings.simplefilter("ignore", auditor.NoisyPlanWarning)
+        plan = auditor.plan_layout(model, x, repeats=1, max_repeats=1, recordings=1, progress=False)
+    assert set(plan.convs["format"]) <= {"channels_last", "contiguous"}

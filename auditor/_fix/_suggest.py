@@ -12,7 +12,6 @@ writes the source edits as a diff.
 from __future__ import annotations
 
 import contextlib
-import copy
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import numpy as np
@@ -26,7 +25,7 @@ from .._display._units import format_bytes
 from .._recording._files import atomic_write
 from .._result import Audit
 from .._session import record_step, warm_up
-from .._step import Step
+from .._step import Step, copy_model
 from . import _verify as verification
 from ._convert import CHANNELS_LAST_OF_RANK, FORMAT_NAMES
 from ._generators import BY_HAND, EDIT, REGION, SWAP, WEIGHT, Proposal, propose
@@ -157,10 +156,10 @@ class Fixes:
         found: list[tuple[Fixes, list[int]]] = []
         undo: list[Callable[[], None]] = []
         patches: list[CodePatch] = []
-        fixed_model = copy.deepcopy(step.model)
+        fixed_model = copy_model(step.model)
         try:
             for _ in range(max(rounds, 0)):
-                after = _audit(step.replace(model=copy.deepcopy(fixed_model)), warmup)
+                after = _audit(step.replace(model=copy_model(fixed_model)), warmup)
                 more, automatic = _new_fixes(after, known)
                 if not automatic:
                     break
@@ -331,7 +330,7 @@ class Fixes:
             raise RuntimeError("undo() the fixes applied before verifying: verify applies each one itself")
         step = Step(model, inputs, kwargs or {}, backward=backward, loss_fn=loss_fn)
         timing = {"rounds": rounds, "max_rounds": max_rounds, "budget_s": budget_s}
-        self._contiguous_before = _contiguous_groups(step, copy.deepcopy(step.model), warmup)
+        self._contiguous_before = _contiguous_groups(step, copy_model(step.model), warmup)
         rows = []
         for n in self._numbers(None):
             p = self._proposals.get(n)
@@ -361,14 +360,14 @@ class Fixes:
                 "pattern": row["pattern"] if row is not None else "",
                 "source": row["source"] if row is not None else "",
                 "estimated_us": self._estimate(numbers)}
-        fixed_model = copy.deepcopy(step.model)
-        reference = copy.deepcopy(step.model)
+        fixed_model = copy_model(step.model)
+        reference = copy_model(step.model)
         # the values are compared in float64 where the model runs there: float32's rounding, which
         # a batch norm over a handful of values amplifies, is no change of the math
-        checks = [verification.in_float64(step.replace(model=m)) or step.replace(model=copy.deepcopy(m))
+        checks = [verification.in_float64(step.replace(model=m)) or step.replace(model=copy_model(m))
                   for m in (reference, fixed_model)]
         names = verification.parameter_names(checks[1].model)  # a swapped module keeps its Parameters
-        plain_model = copy.deepcopy(step.model)  # run all-contiguous, fixed
+        plain_model = copy_model(step.model)  # run all-contiguous, fixed
         with _applied([(self, numbers), *extra], fixed_model, checks[1].model, plain_model) as (code, done):
             applied = all(done[n][0] for n in numbers)
             reason = "; ".join(dict.fromkeys(done[n][1] for n in numbers if not done[n][0]))
@@ -376,7 +375,7 @@ class Fixes:
                 return {**base, "applied": False, "reason": reason, "verdict": verification.NOT_APPLIED,
                         "hotspots_before": self._groups(numbers), "hotspots_after": pd.NA,
                         "contiguous_hotspots_before": pd.NA, "contiguous_hotspots_after": pd.NA}
-            after = _audit(step.replace(model=copy.deepcopy(fixed_model)), warmup)
+            after = _audit(step.replace(model=copy_model(fixed_model)), warmup)
             out = {**base, "applied": True, "reason": "",
                    **self._hotspot_counts(numbers, after),
                    "contiguous_hotspots_before": getattr(self, "_contiguous_before", pd.NA),
@@ -472,7 +471,7 @@ class Fixes:
         found: list[dict] = []
         known = _cause_keys(self.audit.causes()) if self.audit is not None else set()
         for _ in range(3 if exposed else 0):
-            fixed_model = copy.deepcopy(step.model)
+            fixed_model = copy_model(step.model)
             with _applied([(self, numbers), *extra], fixed_model):
                 after = _audit(step.replace(model=fixed_model), warmup)
             causes = after.causes()

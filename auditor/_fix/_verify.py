@@ -22,7 +22,7 @@ import torch
 from .._measure._decide import MIN_ROUNDS, median_interval, ratios
 from .._measure._harness import Rounds, default_clock, torch_threads
 from .._recording._torch import pytree
-from .._step import Step
+from .._step import Step, copy_model
 
 #: Largest difference allowed between a fixed step's values and the original's, relative to the
 #: largest magnitude among the original's values of the same kind (its outputs, or its
@@ -141,11 +141,10 @@ def in_float64(step: Step) -> Step | None:
     floating = [t for t in (*model.parameters(), *model.buffers()) if t.is_floating_point()]
     if not floating or all(t.dtype == torch.float64 for t in floating):
         return None
-    import copy
 
     def up(t):
         return t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t
-    return step.replace(model=copy.deepcopy(model).double(), inputs=tuple(up(t) for t in step.inputs),
+    return step.replace(model=copy_model(model).double(), inputs=tuple(up(t) for t in step.inputs),
                         kwargs={k: up(v) for k, v in step.kwargs.items()})
 
 

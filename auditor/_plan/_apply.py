@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 import pandas as pd
@@ -11,6 +10,7 @@ import torch.nn as nn
 from .._display._plans import applied_html, applied_text
 from .._fix._hooks import is_conv_module
 from .._result import Audit
+from .._step import copy_model
 from ._assign import apply_formats
 from ._check import compare_outputs, hotspot_totals, record, reference_output
 from ._layout import LayoutPlan
@@ -68,7 +68,7 @@ def apply_plan(model: nn.Module, plan: LayoutPlan, *, check: bool = True) -> App
     before = hotspot_totals(plan.audit)
     after_audit, diff, close = None, float("nan"), False
     if check:
-        probe = copy.deepcopy(model)
+        probe = copy_model(model)
         after_audit = record(plan.step.replace(model=probe))
         after = hotspot_totals(after_audit)
         before = before.merge(after, on="phase", suffixes=("_before", "_after"))

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import copy
-
 import pandas as pd
 import torch
 
 from .._recording._torch import pytree
 from .._result import Audit
 from .._session import record_step
-from .._step import Step
+from .._step import Step, copy_model
 
 
 def record(step: Step, record_time: bool = False) -> Audit:
@@ -21,7 +19,7 @@ def record(step: Step, record_time: bool = False) -> Audit:
 def reference_output(step: Step) -> object:
     """The output of ``step``'s model on its inputs in eval mode (deterministic: no dropout,
     running statistics), computed on a copy so the caller's model keeps its state."""
-    ref = copy.deepcopy(step.model).eval()
+    ref = copy_model(step.model).eval()
     out = step.replace(model=ref, backward=False).run()
     return pytree.tree_map(lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t, out)
 

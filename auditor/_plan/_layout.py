@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import warnings
 from collections.abc import Callable, Mapping
@@ -29,12 +28,11 @@ from .._measure._harness import default_clock
 from .._recording._formats import base_format
 from .._recording._torch import pytree
 from .._result import Audit
-from .._step import Step, default_loss
+from .._step import Step, copy_model, default_loss
 from ._assign import CL_NAME, converted_inputs, rank_names
 from ._check import record, reference_output
 from ._cut import energy, min_cut, regions
 from ._graph import hotspot_edges, plan_graph
-from ._regions import region_candidates
 from ._measure import (
     border_costs,
     candidate_rounds,
@@ -46,6 +44,7 @@ from ._measure import (
     ops_between_convs,
     other_format,
 )
+from ._regions import region_candidates
 
 CONV_COLUMNS = [
     "module", "module_type", "calls", "input_shape", "weight_shape", "dtype", "groups", "stride",
@@ -389,10 +388,10 @@ def _uniform_copies(step: Step) -> tuple[Step, Step]:
     """``step`` on copies of its model all channels_last and all contiguous, without input
     hooks; its inputs, and the tensors among its keyword arguments, converted alike."""
     model, inputs, kwargs = step.model, step.inputs, dict(step.kwargs)
-    cl_model = copy.deepcopy(model)
+    cl_model = copy_model(model)
     remove_input_formats(cl_model)
     *cl_inputs, cl_kwargs = to_channels_last(cl_model, *inputs, kwargs)[1:]
-    c_model = to_contiguous(copy.deepcopy(model))
+    c_model = to_contiguous(copy_model(model))
     remove_input_formats(c_model)
     c_inputs, c_kwargs = pytree.tree_map(lambda t: t.contiguous() if isinstance(t, torch.Tensor) else t,
                                          (list(inputs), kwargs))

@@ -3,7 +3,6 @@ each convolution, each conversion, and whole candidate layouts end to end."""
 
 from __future__ import annotations
 
-import copy
 import statistics
 from collections import Counter
 from collections.abc import Callable
@@ -16,7 +15,7 @@ from .._fix._convert import CHANNELS_LAST_OF_RANK, convert_param
 from .._measure._decide import Decision, decide, median_interval, ratios
 from .._measure._harness import Rounds, median_times
 from .._recording._torch import drop_forward_hooks
-from .._step import Step
+from .._step import Step, copy_model
 from ._assign import CL_NAME, FORMAT_OF, apply_formats, converted_inputs, rank_names
 from ._check import record
 from ._graph import Call, Edge, owned_time_us
@@ -52,7 +51,7 @@ def conv_rounds(model: nn.Module, calls: list[Call], train: bool, device) -> tup
         fns = {}
         for fmt_name in ("contiguous", CL_NAME[rank]):
             fmt = FORMAT_OF[fmt_name]
-            m = copy.deepcopy(mod)
+            m = copy_model(mod)
             drop_forward_hooks(m)
             convert_param(m.weight, fmt)
             x = torch.randn(c.input_shape, dtype=c.dtype, device=m.weight.device).contiguous(memory_format=fmt)
@@ -221,7 +220,7 @@ def candidate_rounds(step: Step, options, ranks, calls, device) -> tuple[Rounds,
         key = tuple(sorted(labels.items()))
         if key not in seen:
             seen[key] = name
-            m = copy.deepcopy(step.model)
+            m = copy_model(step.model)
             formats = rank_names(labels, ranks)
             apply_formats(m, formats, converted_inputs(formats, calls))
             fns[name] = step.replace(model=m).timed()
