@@ -12,6 +12,7 @@ import sys
 import textwrap
 import warnings
 
+import pandas as pd
 import pytest
 import torch
 import torch.nn as nn
@@ -383,3 +384,81 @@ def test_a_model_that_caches_a_non_leaf_tensor_is_verified_and_planned():
         warnings.simplefilter("ignore", auditor.NoisyPlanWarning)
         plan = auditor.plan_layout(model, x, repeats=1, max_repeats=1, recordings=1, progress=False)
     assert set(plan.convs["format"]) <= {"channels_last", "contiguous"}
+
+
+class NormBlocks(nn.Module):
+    """Two residual blocks whose convolutions are each followed by an InstanceNorm2d called
+    from the block's own line (RAFT's encoder): the norm runs batch norm on a (1, N·C, H, W)
+    view and copies back, so its causes read as a join and a copy on the calling line."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.InstanceNorm2d(8), nn.ReLU())
+                                    for _ in range(2))
+
+    def forward(self, x):
+        x = self.stem(x)
+        for block in self.blocks:
+            x = x + block(x)
+        return x
+
+
+def test_a_cause_inside_a_torch_module_with_a_format_keeping_version_is_a_swap_whatever_its_pattern():
+    cl = torch.channels_last
+    model, x = NormBlocks().to(memory_format=cl), torch.randn(2, 3, 16, 16).to(memory_format=cl)
+    a = auditor.audit(model, x, record_time=False)
+    f = auditor.suggest_fixes(a)
+    norms = f.frame[f.frame["module"].str.endswith(".1")]
+    assert len(norms) and set(norms["action"]) == {"swap module"} and norms["automatic"].all()
+    assert not ({"joins", "explicit_copy"} & set(f.frame["pattern"])) or "auditor.keep_format(" in " ".join(norms["suggestion"])
+    v = f.verify(model, x, **QUICK)
+    together = v[v["kind"] == "all"].iloc[0]
+    assert together["applied"] and together["same_outputs"], together["reason"]  # one module, two causes: swapped once
+    assert together["hotspots_after"] == 0
+    done = f.apply(model, exposed=False)
+    assert done.loc[done["action"] == "swap module", "applied"].all(), done["detail"].tolist()
+    assert all(not isinstance(b[1], nn.InstanceNorm2d) for b in model.blocks)
+    assert auditor.audit(model, x, record_time=False).hotspots().empty
+
+
+def test_two_causes_in_one_module_swap_it_once():
+    """RAFT's InstanceNorm2d shows two causes (the batch norm on its (1, N·C, H, W) view and the
+    copy back), each fixed by swapping the same module: made together, the second finds it
+    swapped, instead of failing on a GroupNorm that has no replacement."""
+    from auditor._fix._generators import SWAP, Proposal
+    from auditor._fix._keep_format import SWAPS
+
+    model = nn.Sequential(nn.Conv2d(3, 4, 1), nn.InstanceNorm2d(4))
+    frame = pd.DataFrame({"fix": [1, 2], "action": [SWAP, SWAP], "module": ["1", "1"]})
+    proposals = {n: Proposal(SWAP, "", extra={"modules": ["1"], "table": SWAPS}) for n in (1, 2)}
+    undo, done = _suggest._change_model(model, frame, proposals, [1, 2])
+    assert done[1] == (True, "1 is now GroupNorm") and done[2] == (True, "1 already swapped by fix 1")
+    for u in reversed(undo):
+        u()
+    assert isinstance(model[1], nn.InstanceNorm2d)
+
+
+class MakesItsOwnFloat32(nn.Module):
+    """Mixes its activations with a float32 tensor it makes itself (RAFT's coordinate grid), so
+    its float64 copy raises: its values are compared in float32."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.soft, self.b = nn.Conv2d(3, 8, 3, padding=1), nn.Softmax(dim=1), nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        y = self.b(self.soft(self.a(x)))
+        return nn.functional.conv2d(y, torch.ones(8, 1, 1, 1), groups=8)
+
+
+def test_a_model_that_cannot_run_in_float64_is_verified_in_its_own_dtype():
+    cl = torch.channels_last
+    model, x = MakesItsOwnFloat32().to(memory_format=cl), torch.randn(2, 3, 16, 16).to(memory_format=cl)
+    with pytest.raises(RuntimeError):
+        _verify.step_values(_verify.in_float64(_suggest.Step(model, (x,), {})))
+    f = auditor.suggest_fixes(auditor.audit(model, x, record_time=False))
+    v = f.verify(model, x, **QUICK)
+    row = v.iloc[0]
+    assert row["applied"] and row["same_outputs"] and row["hotspots_after"] == 0
+    assert row["max_rel_diff"] <= _verify.TOLERANCE[torch.float32]

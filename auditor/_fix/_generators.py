@@ -242,6 +242,21 @@ def _statement_edit(c: CauseView, rewrite: str, dims: tuple[int, ...] = (), span
 # -- the generators --------------------------------------------------------------------------------
 
 
+@register_fix(patterns.EXPLICIT_COPY.name, patterns.JOINS.name, patterns.LOSES.name)
+def _inside_a_torch_module_fix(c: CauseView) -> Proposal | None:
+    """A copy or join made inside a torch module that has a format-keeping replacement (an
+    InstanceNorm2d runs batch norm on a (1, N·C, H, W) view and copies it back): the module's
+    own computation loses the format, whatever line calls it, so swap the module."""
+    typ = _torch_module_type(c.module_type, SWAPS)
+    if typ is None:
+        return None
+    modules = c.instances(typ.__name__)
+    return _swap(c, modules, typ, SWAPS,
+                 f"{c.what} runs inside {modules[0]}{_and_more(modules)}, {_article(typ.__name__)} {typ.__name__}, "
+                 f"whose own computation writes it off the {c.cl_name} format; the replacement computes the same "
+                 "values and keeps the format")
+
+
 @register_fix(patterns.EXPLICIT_COPY.name)
 def _explicit_copy_fix(c: CauseView) -> Proposal:
     frm = str(c.view.ops.at[c.e, "from_format"])

@@ -331,6 +331,7 @@ class Fixes:
         step = Step(model, inputs, kwargs or {}, backward=backward, loss_fn=loss_fn)
         timing = {"rounds": rounds, "max_rounds": max_rounds, "budget_s": budget_s}
         self._contiguous_before = _contiguous_groups(step, copy_model(step.model), warmup)
+        self._float64 = verification.runs_in_float64(step, seed)
         rows = []
         for n in self._numbers(None):
             p = self._proposals.get(n)
@@ -364,8 +365,8 @@ class Fixes:
         reference = copy_model(step.model)
         # the values are compared in float64 where the model runs there: float32's rounding, which
         # a batch norm over a handful of values amplifies, is no change of the math
-        checks = [verification.in_float64(step.replace(model=m)) or step.replace(model=copy_model(m))
-                  for m in (reference, fixed_model)]
+        checks = [(self._float64 and verification.in_float64(step.replace(model=m)))
+                  or step.replace(model=copy_model(m)) for m in (reference, fixed_model)]
         names = verification.parameter_names(checks[1].model)  # a swapped module keeps its Parameters
         plain_model = copy_model(step.model)  # run all-contiguous, fixed
         with _applied([(self, numbers), *extra], fixed_model, checks[1].model, plain_model) as (code, done):
@@ -647,6 +648,7 @@ def _change_model(model: nn.Module, frame: pd.DataFrame, proposals: Mapping[int,
     place; (how to take each back, per fix: (applied, what was done or why not))."""
     undo: list[Callable[[], None]] = []
     done: dict[int, tuple[bool, str]] = {}
+    swapped_by: dict[str, int] = {}  # module -> the fix that swapped it (two causes, one module)
     rows = frame.set_index("fix")
     for n in numbers:
         r, p = rows.loc[n], proposals.get(n)
@@ -660,6 +662,9 @@ def _change_model(model: nn.Module, frame: pd.DataFrame, proposals: Mapping[int,
             table = p.extra.get("table") if p is not None else None
             swapped, failures = [], []
             for name in modules:
+                if name in swapped_by:
+                    swapped.append(f"{name} already swapped by fix {swapped_by[name]}")
+                    continue
                 parent_name, _, attr = name.rpartition(".")
                 try:
                     parent = model.get_submodule(parent_name) if parent_name else model
@@ -669,6 +674,7 @@ def _change_model(model: nn.Module, frame: pd.DataFrame, proposals: Mapping[int,
                     failures.append(str(exc))
                     continue
                 undo.append(lambda parent=parent, attr=attr, old=old: setattr(parent, attr, old))
+                swapped_by[name] = n
                 swapped.append(f"{name} is now {type(new).__name__}")
             what = "; ".join(swapped[:2]) + (f" (and {len(swapped) - 2} more)" if len(swapped) > 2 else "")
             if failures:

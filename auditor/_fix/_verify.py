@@ -148,6 +148,21 @@ def in_float64(step: Step) -> Step | None:
                         kwargs={k: up(v) for k, v in step.kwargs.items()})
 
 
+def runs_in_float64(step: Step, seed: int = 0) -> bool:
+    """Whether ``step`` runs on the float64 copies of :func:`in_float64`. A model that makes
+    float32 tensors of its own (a coordinate grid, ``.float()``) and mixes them with its
+    activations raises there; its values are then compared in its own dtype, at that dtype's
+    tolerance."""
+    up = in_float64(step)
+    if up is None:
+        return False
+    try:
+        step_values(up, seed)
+    except RuntimeError:
+        return False
+    return True
+
+
 @dataclass(frozen=True)
 class Saving:
     """A step timed before and after in interleaved rounds: medians per step (µs), the saving
