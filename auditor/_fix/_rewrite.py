@@ -269,18 +269,20 @@ def _insert_before(module: cst.Module, text: str, first: bool = False) -> cst.Mo
 # -- the rewrites, one per pattern ---------------------------------------------------------------
 
 
+def _is_copy_into_contiguous(node) -> bool:
+    """``.contiguous()``, or a ``.contiguous``/``.to`` into ``contiguous_format``."""
+    if not isinstance(node, cst.Call) or not isinstance(node.func, cst.Attribute):
+        return False
+    name, fmt = node.func.attr.value, _arg(node, 99, "memory_format")
+    if name == "contiguous":
+        return not node.args or (fmt is not None and _code(fmt.value).endswith("contiguous_format"))
+    return name == "to" and fmt is not None and _code(fmt.value).endswith("contiguous_format")
+
+
 def keep_format_in_copy(module: cst.Module, facts: Facts) -> cst.Module:
     """``.contiguous()`` (or a copy ``.to``/``.contiguous`` into ``contiguous_format``) asks for
     the channels_last format instead (explicit_copy)."""
-    def is_copy(node) -> bool:
-        if not isinstance(node, cst.Call) or not isinstance(node.func, cst.Attribute):
-            return False
-        name, fmt = node.func.attr.value, _arg(node, 99, "memory_format")
-        if name == "contiguous":
-            return not node.args or (fmt is not None and _code(fmt.value).endswith("contiguous_format"))
-        return name == "to" and fmt is not None and _code(fmt.value).endswith("contiguous_format")
-
-    call = _the_one(_find(module, is_copy), "copy into contiguous order (.contiguous())")
+    call = _the_one(_find(module, _is_copy_into_contiguous), "copy into contiguous order (.contiguous())")
     fmt = _arg(call, 99, "memory_format")
     new_value = _expr(_memory_format(facts))
     if fmt is None:
@@ -296,15 +298,7 @@ def follow_format_in_copy(module: cst.Module, facts: Facts) -> cst.Module:
     the channels_last format asks for the format ``x`` is in: no copy where ``x`` is a dense
     channels_last map, the same copy as before where it is not, so code a contiguous model runs
     too is not made to write channels_last (explicit_copy)."""
-    def is_copy(node) -> bool:
-        if not isinstance(node, cst.Call) or not isinstance(node.func, cst.Attribute):
-            return False
-        name, fmt = node.func.attr.value, _arg(node, 99, "memory_format")
-        if name == "contiguous":
-            return not node.args or (fmt is not None and _code(fmt.value).endswith("contiguous_format"))
-        return name == "to" and fmt is not None and _code(fmt.value).endswith("contiguous_format")
-
-    call = _the_one(_find(module, is_copy), "copy into contiguous order (.contiguous())")
+    call = _the_one(_find(module, _is_copy_into_contiguous), "copy into contiguous order (.contiguous())")
     cl = _memory_format(facts)
     x = call.func.value
     if _simple(x):
