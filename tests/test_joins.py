@@ -212,3 +212,77 @@ def test_a_copy_of_a_dense_channels_last_map_follows_its_format_and_keeps_the_co
     assert row["hotspots_after"] == 0 and row["same_outputs"]
     assert row["contiguous_hotspots_after"] <= row["contiguous_hotspots_before"]
     assert row["verdict"] != "hurts contiguous"
+
+
+def queries_to_map(q, H, W):
+    """Queries (B, N, C) taken out of a (B, N, 3, C) row, made into a map and copied, in a
+    function of its own: no module weight is in reach of its line."""
+    return q.reshape(-1, H, W, q.shape[-1]).permute(0, 3, 1, 2).contiguous()
+
+
+class QueryPool(nn.Module):
+    """Attention pooling (MViT's): the queries' map, copied into contiguous order, pooled by a
+    depthwise convolution and made tokens again. The map's channels lie innermost but it is not
+    dense (every third row of C), so the copy stays; only its format is in question."""
+
+    def __init__(self, c=8, free=False):
+        super().__init__()
+        self.free = free
+        self.stem = nn.Conv2d(3, c, 3, padding=1)
+        self.qkv = nn.Linear(c, 3 * c)
+        self.pool = nn.Conv2d(c, c, 3, padding=1, groups=c)
+
+    def forward(self, x):
+        x = self.stem(x)
+        B, C, H, W = x.shape
+        q, k, v = self.qkv(x.flatten(2).transpose(1, 2)).reshape(B, H * W, 3, C).unbind(2)
+        if self.free:
+            q = queries_to_map(q, H, W)
+        else:
+            q = q.reshape(B, H, W, C).permute(0, 3, 1, 2).contiguous()
+        return self.pool(q).flatten(2).transpose(1, 2) + k + v
+
+
+class Sampler:
+    """A plain object (not a module) that a module calls: its ``self`` has no convolution."""
+
+    def to_map(self, q, H, W):
+        return q.reshape(-1, H, W, q.shape[-1]).permute(0, 3, 1, 2).contiguous()
+
+
+class QueryPoolWithHelper(QueryPool):
+    def forward(self, x):
+        x = self.stem(x)
+        B, C, H, W = x.shape
+        q, k, v = self.qkv(x.flatten(2).transpose(1, 2)).reshape(B, H * W, 3, C).unbind(2)
+        return self.pool(Sampler().to_map(q, H, W)).flatten(2).transpose(1, 2) + k + v
+
+
+FORMAT_SPECIFIC = ("the copy made in torch.channels_last, a format-specific edit (code that runs contiguous copies "
+                   "into channels_last too)")
+
+
+@pytest.mark.parametrize("model, labels, proved", [
+    (QueryPool(), ["the copy made in the format of self.pool.weight", FORMAT_SPECIFIC], 0),
+    (QueryPool(free=True), [FORMAT_SPECIFIC], 0),
+    (QueryPoolWithHelper(), [FORMAT_SPECIFIC], 0),
+], ids=["weight in reach", "free function", "method of a plain object"])
+def test_a_copy_of_a_map_whose_channels_lie_innermost_is_made_in_the_format(model, labels, proved):
+    """The copy stays a copy, written in the format of a weight in reach, else (saying it names
+    the format) in channels_last; the one verify proves keeps the contiguous run's groups. A
+    method of a plain object a module calls gets no weight: its ``self`` is not the module."""
+    torch.manual_seed(0)
+    model, x, fixes = _fixes(model, torch.randn(2, 3, 8, 8))
+    joins = fixes.frame[fixes.frame["pattern"] == "joins"]
+    assert len(joins) == 1 and not joins["automatic"].iloc[0]
+    n = int(joins["fix"].iloc[0])
+    candidates = fixes._proposals[n].extra["candidates"]
+    assert [c.label for c in candidates] == labels
+    assert all(".contiguous(memory_format=" in c.suggestion for c in candidates)
+    table = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=2)
+    row = table[(table["kind"] == "fix") & (table["fix"] == n)].iloc[0]
+    assert row["applied"] and row["same_outputs"] and row["hotspots_after"] == 0, row["reason"]
+    assert row["contiguous_hotspots_after"] <= row["contiguous_hotspots_before"]
+    assert row["reason"].startswith(f"candidate {labels[proved]} proved")
+    fixed = fixes.frame.loc[fixes.frame["fix"] == n].iloc[0]
+    assert fixed["automatic"] and fixed["suggestion"] == candidates[proved].suggestion

@@ -248,13 +248,22 @@ def _inside_a_torch_module_fix(c: CauseView) -> Proposal | None:
     InstanceNorm2d runs batch norm on a (1, N·C, H, W) view and copies it back): the module's
     own computation loses the format, whatever line calls it, so swap the module."""
     typ = _torch_module_type(c.module_type, SWAPS)
-    if typ is None:
-        return None
+    if typ is None or (typ is torch.nn.LayerNorm and _normalized_rank(c) not in (None, c.rank - 1)):
+        return None  # a LayerNorm over fewer dimensions than (C, H, W) has no format-keeping version
     modules = c.instances(typ.__name__)
     return _swap(c, modules, typ, SWAPS,
                  f"{c.what} runs inside {modules[0]}{_and_more(modules)}, {_article(typ.__name__)} {typ.__name__}, "
                  f"whose own computation writes it off the {c.cl_name} format; the replacement computes the same "
                  "values and keeps the format")
+
+
+def _normalized_rank(c: CauseView) -> int | None:
+    """How many trailing dimensions the layer norm the cause stands for normalizes, as its
+    recorded weight shows (None where it ran without one, or is no layer norm)."""
+    if not c.tracer.op[c.forward].startswith("aten.native_layer_norm"):
+        return None
+    ins, _ = c.shapes(c.forward)
+    return len(ins[1]) if len(ins) >= 2 else None
 
 
 @register_fix(patterns.EXPLICIT_COPY.name)
@@ -622,12 +631,70 @@ def _tokens_to_map_rank(c: CauseView) -> int | None:
     return found.pop() if every and len(found) == 1 else None
 
 
-def _copies_a_dense_map(c: CauseView) -> bool:
-    """Whether the cause copies (clone) a tensor whose recorded strides make each sample a dense
-    map in the format already (a permuted view of NHWC data; the samples may lie apart, as the
-    tokens of a sample with a class token do): the copy only changes the format."""
+def _map_split(c: CauseView) -> int | None:
+    """How many of the sizes after the batch a reshape on the cause's line splits a map's
+    channels into, where it reshapes a map (B, C, H, W) into (B, c1 .. ck, s1 .. sm) with
+    c1·..·ck = C and s1·..·sm = H·W (its spatial dimensions split or merged in order: window
+    partitions, heads), as the recorded shapes of every such reshape there show; None where
+    none does, or they differ."""
+    found = set()
+    for x in _line_events(c):
+        if not c.tracer.op[x].startswith(_RESHAPES):
+            continue
+        ins, outs = c.shapes(x)
+        if len(ins) != 1 or len(outs) != 1 or len(ins[0]) != c.rank or len(outs[0]) < 3 or ins[0][0] != outs[0][0]:
+            continue
+        (i,), (o,) = ins, outs
+        if not _in_format(c, x):
+            continue
+        ks = [k for k in range(1, len(o) - 1)
+              if int(np.prod(o[1:1 + k])) == i[1] and int(np.prod(o[1 + k:])) == int(np.prod(i[2:]))]
+        if len(ks) > 1:
+            return None
+        found |= {(ks[0], len(o))} if ks else set()
+    return found.pop()[0] if len(found) == 1 else None
+
+
+def _in_format(c: CauseView, x: int) -> bool:
+    """Whether event ``x``'s first input is a map dense in the format (its channels innermost)."""
+    rows = [r for r in c.tracer._rows(x) if not c.tracer.is_out[r]]
+    if not rows:
+        return False
+    shape, stride = parse_tuple(c.tracer.shape[rows[0]]), parse_tuple(c.view.tensors["strides"].to_numpy()[rows[0]])
+    if len(shape) != c.rank or len(stride) != len(shape):
+        return False
+    return torch.empty_strided(shape, stride, device="meta").is_contiguous(
+        memory_format=torch.channels_last if c.rank == 4 else torch.channels_last_3d)
+
+
+def _permuted_into_map(c: CauseView) -> bool:
+    """Whether a reshape on the cause's line makes a map (B, C, H, W) of a tensor (B, C, s1 ..
+    sm) whose second dimension alone is the channels (a window partition undone by a permute
+    that puts C second), as the recorded shapes of every such reshape there show."""
+    found = False
+    for x in _line_events(c):
+        if not c.tracer.op[x].startswith(_RESHAPES):
+            continue
+        ins, outs = c.shapes(x)
+        if len(ins) != 1 or len(outs) != 1 or len(outs[0]) != c.rank or len(ins[0]) <= c.rank:
+            continue
+        (i,), (o,) = ins, outs
+        if i[:2] != o[:2] or int(np.prod(i[2:])) != int(np.prod(o[2:])):
+            return False
+        found = True
+    return found
+
+
+def _copied_map(c: CauseView) -> str | None:
+    """How the cause's line copies (clone) a map of the images' rank, as the recorded strides of
+    the copy's input show: ``"dense"`` where each sample is a dense map in the format already (a
+    permuted view of NHWC data; the samples may lie apart, as the tokens of a sample with a class
+    token do), so the copy only changes the format; ``"channels innermost"`` where its channels
+    lie innermost but the map is not dense (tokens taken out of a larger row), so a copy into the
+    format is a copy like the one it replaces; None where the line copies no such map."""
     t = c.view.tensors
     strides = t["strides"].to_numpy()
+    found = None
     for x in c.members[:1] + [c.forward]:
         if not c.tracer.op[x].startswith("aten.clone"):
             continue
@@ -637,10 +704,12 @@ def _copies_a_dense_map(c: CauseView) -> bool:
         shape, stride = parse_tuple(c.tracer.shape[rows[0]]), parse_tuple(strides[rows[0]])
         if len(shape) != c.rank or len(stride) != len(shape):
             continue
-        meta = torch.empty_strided(shape, stride, device="meta")
-        if meta[0].movedim(0, -1).is_contiguous() and not meta[0].is_contiguous():
-            return True
-    return False
+        meta = torch.empty_strided(shape, stride, device="meta")[0]
+        if meta.movedim(0, -1).is_contiguous() and not meta.is_contiguous():
+            return "dense"
+        if meta.shape[0] > 1 and meta.stride(0) == 1 and all(s > 1 or n == 1 for s, n in zip(meta.stride()[1:], meta.shape[1:])):
+            found = "channels innermost"
+    return found
 
 
 def _weight_in_reach(c: CauseView, fns: list[types.FunctionType]) -> str | None:
@@ -648,7 +717,7 @@ def _weight_in_reach(c: CauseView, fns: list[types.FunctionType]) -> str | None:
     convolution that ran inside the module the line ran in (the one the cause's map feeds
     first, else the one that made its input, else any), where the line is in a method of that
     module. Its layout is the format the model runs in."""
-    if not fns or any(fn.__code__.co_varnames[:1] != ("self",) for fn in fns):
+    if not fns or not all(_method_of(fn, c.module_type) for fn in fns):
         return None
     view, own = c.view, str(c.module)
     prefix = "" if own in ("", "<root>") else own + "."
@@ -663,6 +732,25 @@ def _weight_in_reach(c: CauseView, fns: list[types.FunctionType]) -> str | None:
     if not all(p.isidentifier() or p.isdigit() for p in path.split(".")):
         return None
     return module_expr(path, root="self") + ".weight"
+
+
+def _method_of(fn: types.FunctionType, module_type: str) -> bool:
+    """Whether ``fn`` is a method of the module class named ``module_type`` (or of a class it
+    derives from), so that its ``self`` is the module the line's ops were recorded in: a line
+    in a method of a plain object a module calls (RAFT's CorrBlock) has another ``self``."""
+    if fn.__code__.co_varnames[:1] != ("self",):
+        return False
+    owner = fn.__globals__.get(fn.__qualname__.split(".<locals>")[-1].rpartition(".")[0])
+    if not isinstance(owner, type) or not issubclass(owner, torch.nn.Module):
+        return False
+    seen, todo = set(), [owner]
+    while todo:
+        k = todo.pop()
+        if k.__name__ == module_type:
+            return True
+        seen.add(k)
+        todo += [s for s in k.__subclasses__() if s not in seen]
+    return False
 
 
 @register_fix(patterns.JOINS.name)
@@ -683,11 +771,27 @@ def _joins_fix(c: CauseView) -> Proposal:
         if weight:
             found.append(_candidate(c, f"the map written in NHWC order, in the format of {weight}",
                                     rw.map_in_nhwc_order(rank, weight)))
-    if _copies_a_dense_map(c):
+    split = _map_split(c)
+    if split is not None:
+        found.append(_candidate(c, "the map split in NHWC order (permute, reshape, permute back)",
+                                rw.split_map_in_nhwc_order(split, c.rank)))
+    if _permuted_into_map(c):
+        found.append(_candidate(c, "the map gathered in NHWC order (channels permuted last)",
+                                rw.permuted_map_in_nhwc_order(c.rank)))
+        if weight:
+            found.append(_candidate(c, f"the map gathered in NHWC order, in the format of {weight}",
+                                    rw.permuted_map_in_nhwc_order(c.rank, weight)))
+    copied = _copied_map(c)
+    if copied == "dense":
         found.append(_candidate(c, "the copy of the channels_last view dropped", rw.copy_of_permuted()))
         if weight:
             found.append(_candidate(c, f"the copy of the channels_last view made in the format of {weight}",
                                     rw.copy_of_permuted(weight)))
+    if copied == "channels innermost" and weight:
+        found.append(_candidate(c, f"the copy made in the format of {weight}", rw.copy_in_format_of(weight)))
+    if copied == "channels innermost":
+        found.append(_candidate(c, f"the copy made in torch.{c.cl_name}, a format-specific edit (code that runs "
+                                   f"contiguous copies into {c.cl_name} too)", rw.keep_format_in_copy))
     if any(c.tracer.op[x].startswith(("aten.bmm", "aten.mm", "aten.matmul")) for x in _line_events(c)):
         found.append(_candidate(c, "the product computed transposed", rw.product_transposed))
     candidates = [x for x in found if x is not None]

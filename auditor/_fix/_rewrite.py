@@ -283,14 +283,16 @@ def keep_format_in_copy(module: cst.Module, facts: Facts) -> cst.Module:
     """``.contiguous()`` (or a copy ``.to``/``.contiguous`` into ``contiguous_format``) asks for
     the channels_last format instead (explicit_copy)."""
     call = _the_one(_find(module, _is_copy_into_contiguous), "copy into contiguous order (.contiguous())")
+    return _replace(module, call, _with_memory_format(call, _expr(_memory_format(facts))))
+
+
+def _with_memory_format(call: cst.Call, value: cst.BaseExpression) -> cst.Call:
+    """``call`` with its ``memory_format=`` argument set to ``value`` (added where it has none)."""
     fmt = _arg(call, 99, "memory_format")
-    new_value = _expr(_memory_format(facts))
-    if fmt is None:
-        new = call.with_changes(args=[cst.Arg(new_value, keyword=cst.Name("memory_format"),
-                                              equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))])
-    else:
-        new = call.with_deep_changes(fmt, value=new_value)
-    return _replace(module, call, new)
+    if fmt is not None:
+        return call.with_deep_changes(fmt, value=value)
+    return call.with_changes(args=[*call.args, cst.Arg(value, keyword=cst.Name("memory_format"), equal=cst.AssignEqual(
+        cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))])
 
 
 def follow_format_in_copy(module: cst.Module, facts: Facts) -> cst.Module:
@@ -307,12 +309,7 @@ def follow_format_in_copy(module: cst.Module, facts: Facts) -> cst.Module:
         ref = facts.new_name("_copied")
         receiver = _expr(f"({ref} := {_code(x)})")
     follow = _expr(f"{cl} if {ref}.is_contiguous(memory_format={cl}) else {facts.torch}.contiguous_format")
-    fmt = _arg(call, 99, "memory_format")
-    if fmt is None:
-        new = call.with_changes(args=[cst.Arg(follow, keyword=cst.Name("memory_format"),
-                                              equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))])
-    else:
-        new = call.with_deep_changes(fmt, value=follow)
+    new = _with_memory_format(call, follow)
     return _replace(module, call, new.with_changes(func=new.func.with_changes(value=receiver)))
 
 
@@ -701,6 +698,76 @@ def map_in_nhwc_order(rank: int, weight: str | None = None) -> Callable[[cst.Mod
     return rewrite
 
 
+def _is_reshape_of(count: int) -> Callable[[cst.CSTNode], bool]:
+    """``x.reshape(...)`` or ``x.view(...)`` of ``count`` sizes, written out one by one."""
+    def test(node) -> bool:
+        if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)
+                and node.func.attr.value in ("reshape", "view")):
+            return False
+        return len(node.args) == count and all(a.keyword is None and not a.star for a in node.args)
+    return test
+
+
+def split_map_in_nhwc_order(k: int, rank: int) -> Callable[[cst.Module, Facts], cst.Module]:
+    """The rewrite of ``x.reshape(B, c1 .. ck, s1 .. sm)`` of a map ``x`` (B, C, H, W), with
+    c1·..·ck = C and s1·..·sm = H·W as the recorded shapes show, into ``x.permute(0, 2, 3,
+    1).reshape(B, s1 .. sm, c1 .. ck).permute(...)`` back to the same order: the same view of
+    the same elements, whose gradient, where the backward must copy it, is copied in NHWC order
+    into a channels_last map; only where ``x`` is channels_last, so a contiguous map keeps its
+    reshape (joins, the map made into tokens or windows)."""
+    def rewrite(module: cst.Module, facts: Facts) -> cst.Module:
+        calls = [c for n in range(k + 2, k + 9) for c in _find(module, _is_reshape_of(n))]
+        # the reshape the others are applied to: the one whose receiver holds no other
+        inner = [c for c in calls if not any(o is not c and _find(c.func.value, lambda n: n is o) for o in calls)]
+        call = _the_one(inner, "reshape of a map into its channels and positions (x.reshape(B, c, .., s, ..))")
+        args = [_code(a.value) for a in call.args]
+        m = len(args) - 1 - k
+        if m < 1:
+            raise Refused("the reshape keeps no positions")
+        to_nhwc = ", ".join(map(str, [0, *range(2, rank), 1]))
+        back = ", ".join(map(str, [0, *range(m + 1, m + k + 1), *range(1, m + 1)]))
+        x = call.func.value
+        ref = _code(x) if _simple(x) else facts.new_name("_map")
+        first = _code(x) if _simple(x) else f"({ref} := {_code(x)})"
+        cl = _memory_format(facts)
+        # the order the map is in decides: a contiguous map keeps the reshape it had
+        text = (f"({ref}.permute({to_nhwc}).reshape({', '.join([args[0], *args[1 + k:], *args[1:1 + k]])})"
+                f".permute({back}) if {first}.is_contiguous(memory_format={cl}) "
+                f"else {ref}.{call.func.attr.value}({', '.join(args)}))")
+        return _replace(module, call, _expr(text))
+    return rewrite
+
+
+def permuted_map_in_nhwc_order(rank: int, weight: str | None = None) -> Callable[[cst.Module, Facts], cst.Module]:
+    """The rewrite of ``y.permute(p0, p1, .., pr).reshape(B, C, H, W)`` whose permuted second
+    dimension alone is the channels (as the recorded shapes show) into ``y.permute(p0, p2, ..,
+    pr, p1).reshape(B, H, W, C).permute(0, 3, 1, 2)``: the same values, gathered in NHWC order
+    by the one copy the reshape always made, so the map is a channels_last view (joins, windows
+    made into a map). With ``weight``, the map is then made contiguous in that weight's format
+    (:func:`format_of_weight`)."""
+    def rewrite(module: cst.Module, facts: Facts) -> cst.Module:
+        def is_gather(node) -> bool:
+            if not _is_reshape_of(rank)(node):
+                return False
+            inner = node.func.value
+            return (isinstance(inner, cst.Call) and isinstance(inner.func, cst.Attribute)
+                    and inner.func.attr.value == "permute" and len(inner.args) > rank
+                    and all(a.keyword is None and _int(a.value) is not None for a in inner.args))
+
+        call = _the_one(_find(module, is_gather), "reshape of a permuted tensor into a map (.permute(..).reshape(B, C, H, W))")
+        permute = call.func.value
+        order = [_code(a.value) for a in permute.args]
+        b, ch, *space = (_code(a.value) for a in call.args)
+        y = _code(permute.func.value)
+        back = ", ".join(map(str, [0, rank - 1, *range(1, rank - 1)]))
+        text = (f"{y}.permute({', '.join([order[0], *order[2:], order[1]])}).reshape({', '.join([b, *space, ch])})"
+                f".permute({back})")
+        if weight is not None:
+            text += f".contiguous(memory_format={format_of_weight(weight, facts)})"
+        return _replace(module, call, _expr(text))
+    return rewrite
+
+
 def copy_of_permuted(weight: str | None = None) -> Callable[[cst.Module, Facts], cst.Module]:
     """``x.permute(...).contiguous()`` (or ``.transpose``) whose permuted view is already a dense
     map in the format, as the recorded strides show: the copy is dropped, the view kept; with
@@ -712,10 +779,19 @@ def copy_of_permuted(weight: str | None = None) -> Callable[[cst.Module, Facts],
         if weight is None:
             return found[0]
         call = found[1]
-        fmt = _expr(format_of_weight(weight, facts))
-        new = call.with_changes(args=[cst.Arg(fmt, keyword=cst.Name("memory_format"),
-                                              equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))])
-        return _replace(module, call, new)
+        return _replace(module, call, _with_memory_format(call, _expr(format_of_weight(weight, facts))))
+    return rewrite
+
+
+def copy_in_format_of(weight: str) -> Callable[[cst.Module, Facts], cst.Module]:
+    """``.contiguous()`` (or a copy into ``contiguous_format``) of a map whose channels lie
+    innermost, as the recorded strides show, made in the format of ``weight`` (a convolution's
+    weight, as code; :func:`format_of_weight`) instead: the same one copy, its output a map in the
+    format the model runs in, and the copy it always made where the model runs contiguous
+    (joins)."""
+    def rewrite(module: cst.Module, facts: Facts) -> cst.Module:
+        call = _the_one(_find(module, _is_copy_into_contiguous), "copy into contiguous order (.contiguous())")
+        return _replace(module, call, _with_memory_format(call, _expr(format_of_weight(weight, facts))))
     return rewrite
 
 
