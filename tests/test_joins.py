@@ -286,3 +286,64 @@ def test_a_copy_of_a_map_whose_channels_lie_innermost_is_made_in_the_format(mode
     assert row["reason"].startswith(f"candidate {labels[proved]} proved")
     fixed = fixes.frame.loc[fixes.frame["fix"] == n].iloc[0]
     assert fixed["automatic"] and fixed["suggestion"] == candidates[proved].suggestion
+
+
+class Windows(nn.Module):
+    """A map cut into P×P windows of tokens, normalised there, and put back together (MaxViT's
+    and Swin's partitions): a reshape that splits the map, and a permute then a reshape that
+    gathers it again."""
+
+    def __init__(self, c=8, p=2):
+        super().__init__()
+        self.p = p
+        self.conv1 = nn.Conv2d(3, c, 3, padding=1)
+        self.norm = nn.LayerNorm(c)
+        self.conv2 = nn.Conv2d(c, c, 3, padding=1)
+
+    def forward(self, x):
+        x = self.conv1(x)
+        B, C, H, W = x.shape
+        P = self.p
+        t = x.reshape(B, C, H // P, P, W // P, P).permute(0, 2, 4, 3, 5, 1).reshape(B, (H // P) * (W // P), P * P, C)
+        t = t.swapaxes(1, 2)
+        t = t + self.norm(t)
+        t = t.swapaxes(1, 2)
+        x = t.reshape(B, H // P, W // P, P, P, C).permute(0, 5, 1, 3, 2, 4).reshape(B, C, H, W)
+        return self.conv2(x)
+
+
+def test_a_map_split_into_windows_and_gathered_again_is_written_in_nhwc_order():
+    """The split: the same view, whose gradient the backward copies into channels_last, and
+    only where the map is channels_last (a contiguous map keeps its reshape). The gather: the
+    channels permuted last, then the map in the format of the convolution it feeds."""
+    torch.manual_seed(0)
+    model, x, fixes = _fixes(Windows(), torch.randn(2, 3, 8, 8))
+    joins = fixes.frame[fixes.frame["pattern"] == "joins"]
+    assert len(joins) == 2 and not joins["automatic"].any()
+    by_line = {("split" if "x.reshape" in r.line else "gather"): int(r.fix) for r in joins.itertuples()}
+    split = fixes._proposals[by_line["split"]].extra["candidates"]
+    gather = fixes._proposals[by_line["gather"]].extra["candidates"]
+    assert [c.label for c in split] == ["the map split in NHWC order (permute, reshape, permute back)"]
+    assert ("(x.permute(0, 2, 3, 1).reshape(B, H // P, P, W // P, P, C).permute(0, 5, 1, 2, 3, 4) if "
+            "x.is_contiguous(memory_format=torch.channels_last) else x.reshape(B, C, H // P, P, W // P, P))"
+            in split[0].suggestion)
+    assert [c.label for c in gather] == ["the map gathered in NHWC order (channels permuted last)",
+                                         "the map gathered in NHWC order, in the format of self.conv2.weight"]
+    assert ".permute(0, 1, 3, 2, 4, 5).reshape(B, H, W, C).permute(0, 3, 1, 2)" in gather[0].suggestion
+    table = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=2)
+    for n in by_line.values():
+        row = table[(table["kind"] == "fix") & (table["fix"] == n)].iloc[0]
+        assert row["applied"] and row["same_outputs"] and row["hotspots_after"] == 0, row["reason"]
+        assert row["contiguous_hotspots_after"] <= row["contiguous_hotspots_before"]
+    assert table[table["kind"] == "all"]["hotspots_after"].iloc[0] == 0
+    assert fixes.frame["automatic"].all()
+
+
+def test_a_map_split_whose_input_is_not_a_map_in_the_format_gets_no_split_candidate():
+    """The gather's first reshape takes a 4-D token tensor (B, windows, P·P, C) that the shapes
+    alone would let pass for a map: its recorded strides (contiguous) say it is none."""
+    torch.manual_seed(0)
+    _, _, fixes = _fixes(Windows(), torch.randn(2, 3, 8, 8))
+    joins = fixes.frame[(fixes.frame["pattern"] == "joins") & fixes.frame["line"].str.contains("t.reshape")]
+    labels = [c.label for c in fixes._proposals[int(joins["fix"].iloc[0])].extra["candidates"]]
+    assert not any("split" in label for label in labels)
