@@ -347,3 +347,118 @@ def test_a_map_split_whose_input_is_not_a_map_in_the_format_gets_no_split_candid
     joins = fixes.frame[(fixes.frame["pattern"] == "joins") & fixes.frame["line"].str.contains("t.reshape")]
     labels = [c.label for c in fixes._proposals[int(joins["fix"].iloc[0])].extra["candidates"]]
     assert not any("split" in label for label in labels)
+
+
+def coords_grid(B, H, W):
+    """A (B, 2, H, W) grid of pixel coordinates (RAFT's), made of no image: contiguous."""
+    ys, xs = torch.meshgrid(torch.arange(H), torch.arange(W), indexing="ij")
+    return torch.stack([xs, ys])[None].repeat(B, 1, 1, 1).float()
+
+
+def coords_grid_unpacked(B, H, W):
+    ys, xs = torch.meshgrid(torch.arange(H), torch.arange(W), indexing="ij")
+    grid, = (torch.stack([xs, ys])[None].repeat(B, 1, 1, 1).float(),)
+    return grid
+
+
+class Flow(nn.Module):
+    """A coordinate grid added to a flow the convolutions made: the add takes the format of its
+    first operand, the grid, so every convolution after it converts."""
+
+    def __init__(self, grid=coords_grid, meet="add"):
+        super().__init__()
+        self.grid, self.meet = grid, meet
+        self.conv1 = nn.Conv2d(3, 2, 3, padding=1)
+        self.conv2 = nn.Conv2d(2, 4, 3, padding=1)
+
+    def forward(self, x):
+        B, _, H, W = x.shape
+        if self.meet == "add":
+            y = self.grid(B, H, W) + self.conv1(x)
+        else:
+            y = torch.cat([self.grid(B, H, W), self.conv1(x)], 1)[:, 1:3]
+        return self.conv2(y)
+
+
+def test_a_new_map_that_meets_an_image_is_copied_into_the_images_format_where_they_meet():
+    torch.manual_seed(0)
+    model, x, fixes = _fixes(Flow(), torch.randn(2, 3, 8, 8))
+    joins = fixes.frame[fixes.frame["pattern"] == "joins"]
+    assert len(joins) == 1
+    n = int(joins["fix"].iloc[0])
+    first = fixes._proposals[n].extra["candidates"][0]
+    assert first.label.startswith("the new tensor copied into the format of the image it meets in the add at ")
+    assert first.line.strip() == "y = self.grid(B, H, W) + self.conv1(x)"  # the line where they meet
+    assert first.suggestion.strip() == (
+        "y = self.grid(B, H, W).contiguous(memory_format=torch.channels_last if (_image := self.conv1(x))"
+        ".is_contiguous(memory_format=torch.channels_last) else torch.contiguous_format) + _image")
+    table = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=2)
+    row = table[(table["kind"] == "fix") & (table["fix"] == n)].iloc[0]
+    assert row["applied"] and row["same_outputs"] and row["hotspots_after"] == 0, row["reason"]
+    assert row["contiguous_hotspots_after"] <= row["contiguous_hotspots_before"]
+    assert row["reason"].startswith(f"candidate {first.label} proved")
+
+
+def test_a_new_map_made_in_the_format_by_name_is_dropped_where_it_hurts_the_contiguous_run():
+    """Met in a cat, the grid has no image to follow: the only candidate names channels_last,
+    which makes the contiguous run's grid channels_last too; verify drops it."""
+    torch.manual_seed(0)
+    model, x, fixes = _fixes(Flow(meet="cat"), torch.randn(2, 3, 8, 8))
+    n = int(fixes.frame.loc[fixes.frame["pattern"] == "joins", "fix"].iloc[0])
+    labels = [c.label for c in fixes._proposals[n].extra["candidates"]]
+    assert labels == ["the new map made in torch.channels_last, a format-specific edit (code that runs contiguous "
+                      "makes it channels_last too)"]
+    table = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=2)
+    row = table[(table["kind"] == "fix") & (table["fix"] == n)].iloc[0]
+    assert not row["applied"] and "adds hotspot groups to the contiguous run" in row["reason"], row["reason"]
+
+
+def test_a_join_left_by_hand_says_which_op_made_the_map_and_from_what_as_recorded():
+    """Every by-hand reason is true: the op, the shape it made and the shapes it read are those
+    the recording has at the line."""
+    torch.manual_seed(0)
+    model = Flow(grid=coords_grid_unpacked, meet="cat").to(memory_format=torch.channels_last)
+    a = auditor.audit(model, torch.randn(2, 3, 8, 8).contiguous(memory_format=torch.channels_last))
+    fixes = auditor.suggest_fixes(a)
+    joins = fixes.frame[fixes.frame["pattern"] == "joins"].iloc[0]
+    assert not joins["automatic"] and "candidate" not in joins["reason"]
+    events, tensors = a.events, a.tensors
+    at = events[events["source"].astype(str).str.endswith(joins["source"]) & (events["phase"] == "forward")]
+    made = at[at["op"] == "aten._to_copy.default"].iloc[0]
+    rows = tensors[tensors["seq"] == made["seq"]]
+    shape = {role: "x".join(map(str, torch.Size(eval(s)))) for role, s in zip(rows["role"], rows["shape"])}
+    assert joins["reason"].startswith(f"_to_copy makes a map ({shape['output']}) from tensors shaped "
+                                      f"{shape['input']}, none of them an image of the convolutions, at ")
+
+
+class WindowsOverStatements(Windows):
+    """The gather over three statements, as torchvision's MaxViT writes it: the windows' reshape,
+    the permute that puts C second, and the reshape into a map, each a statement of its own."""
+
+    def forward(self, x):
+        x = self.conv1(x)
+        B, C, H, W = x.shape
+        P = self.p
+        t = x.reshape(B, C, H // P, P, W // P, P).permute(0, 2, 4, 3, 5, 1).reshape(B, (H // P) * (W // P), P * P, C)
+        t = t + self.norm(t)
+        x = t.reshape(B, H // P, W // P, P, P, C)
+        # permute into B, C, H // P, P, W // P, P
+        x = x.permute(0, 5, 1, 3, 2, 4)
+        x = x.reshape(B, C, H, W)
+        return self.conv2(x)
+
+
+def test_a_gather_whose_permute_is_the_statement_before_is_rewritten_over_both():
+    torch.manual_seed(0)
+    model, x, fixes = _fixes(WindowsOverStatements(), torch.randn(2, 3, 8, 8))
+    joins = fixes.frame[(fixes.frame["pattern"] == "joins") & fixes.frame["line"].str.contains("permute(0, 5", regex=False)]
+    assert len(joins) == 1
+    n = int(joins["fix"].iloc[0])
+    gather = fixes._proposals[n].extra["candidates"]
+    assert [c.suggestion.strip().splitlines()[0] for c in gather] == ["x = x.permute(0, 1, 3, 2, 4, 5)"] * 2
+    assert gather[0].suggestion.strip().splitlines()[-1].strip() == "x = x.reshape(B, H, W, C).permute(0, 3, 1, 2)"
+    table = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=2)
+    row = table[(table["kind"] == "fix") & (table["fix"] == n)].iloc[0]
+    assert row["applied"] and row["same_outputs"] and row["hotspots_after"] == 0, row["reason"]
+    assert row["contiguous_hotspots_after"] <= row["contiguous_hotspots_before"]
+    assert "# permute into" in fixes.patch([n])  # the comment between the statements is kept

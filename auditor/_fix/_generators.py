@@ -581,17 +581,27 @@ class Candidate:
     suggestion: str  #: the statement rewritten
 
 
-def _candidate(c: CauseView, label: str, rewrite: Callable) -> Candidate | None:
-    """``rewrite`` of ``c``'s statement, or None where the statement does not have its shape."""
+def _candidate(c: CauseView, label: str, rewrite: Callable, at: tuple[str, int] | None = None,
+               before: int = 0) -> Candidate | None:
+    """``rewrite`` of ``c``'s statement (or of the statement at ``at``, a (file, line) the
+    cause's data reaches), given with the ``before`` statements before it in its block, or None
+    where the statements do not have the shape the rewrite needs."""
     from libcst import ParserSyntaxError
 
     from . import _rewrite as rw
 
-    if c.path is None:
+    path, lineno = at or (c.path, c.lineno)
+    if path is None:
         return None
     try:
-        statement = rw.statement_at(c.path, c.lineno)
-        fns = _functions(c.path, c.lineno)
+        statement = rw.statement_at(path, lineno)
+        if before:
+            starts = rw.statement_starts(path)
+            at_first = starts.index(statement.first)
+            if at_first < before:
+                return None
+            statement = rw.statements_from(path, starts[at_first - before], before + 1)
+        fns = _functions(path, lineno)
         if not fns:
             return None
         facts = _facts(c, fns)
@@ -658,13 +668,7 @@ def _map_split(c: CauseView) -> int | None:
 def _in_format(c: CauseView, x: int) -> bool:
     """Whether event ``x``'s first input is a map dense in the format (its channels innermost)."""
     rows = [r for r in c.tracer._rows(x) if not c.tracer.is_out[r]]
-    if not rows:
-        return False
-    shape, stride = parse_tuple(c.tracer.shape[rows[0]]), parse_tuple(c.view.tensors["strides"].to_numpy()[rows[0]])
-    if len(shape) != c.rank or len(stride) != len(shape):
-        return False
-    return torch.empty_strided(shape, stride, device="meta").is_contiguous(
-        memory_format=torch.channels_last if c.rank == 4 else torch.channels_last_3d)
+    return bool(rows) and _row_in_format(c, rows[0])
 
 
 def _permuted_into_map(c: CauseView) -> bool:
@@ -734,6 +738,65 @@ def _weight_in_reach(c: CauseView, fns: list[types.FunctionType]) -> str | None:
     return module_expr(path, root="self") + ".weight"
 
 
+def _makes_a_map(c: CauseView) -> bool:
+    """Whether the cause's op, in forward, writes a tensor of the images' rank (a new tensor, a
+    grid, a canvas that is filled later) from inputs none of which is an image."""
+    if c.view.phase[c.e] != "forward":
+        return False
+    _, outs = c.shapes(c.e)
+    return bool(outs) and len(outs[0]) == c.rank
+
+
+#: elementwise ops whose result takes the format of their first operand where the two differ
+_FIRST_OPERAND_DECIDES = ("aten.add.Tensor", "aten.mul.Tensor", "aten.sub.Tensor")
+
+
+def _first_meeting(c: CauseView) -> int | None:
+    """The add, multiply or subtract (in forward) where the tensor the cause made, or a view or
+    cast of it, first meets a map dense in the format, as its first operand: the result takes
+    the first operand's format, so the image's is lost there."""
+    if c.view.phase[c.e] != "forward":
+        return None
+    chain, todo = {c.e}, [c.e]
+    producer = c.tracer.graph.producer
+    while todo:
+        e = todo.pop(0)
+        for k in c.view.consumers.get(e, []):
+            if k in chain or c.view.phase[k] != "forward":
+                continue
+            op = str(c.tracer.op[k])
+            if op.startswith(_FIRST_OPERAND_DECIDES):
+                rows = [r for r in c.tracer._rows(k) if not c.tracer.is_out[r]]
+                if len(rows) == 2 and int(producer[rows[0]]) in chain and _row_in_format(c, rows[1]):
+                    return k
+                return None
+            if c.view.kind[k] == "view" or op.startswith("aten._to_copy"):
+                chain.add(k)
+                todo.append(k)
+    return None
+
+
+def _row_in_format(c: CauseView, row: int) -> bool:
+    shape, stride = parse_tuple(c.tracer.shape[row]), parse_tuple(c.view.tensors["strides"].to_numpy()[row])
+    if len(shape) != c.rank or len(stride) != len(shape):
+        return False
+    return torch.empty_strided(shape, stride, device="meta").is_contiguous(
+        memory_format=torch.channels_last if c.rank == 4 else torch.channels_last_3d)
+
+
+def _made_from(c: CauseView) -> str:
+    """What the recording shows of the tensor that joined the path: the op that made it, its
+    shape, and the shapes of the tensors it was made from (none of them an image)."""
+    ins, outs = c.shapes(c.e)
+    op = str(c.tracer.op[c.e]).removeprefix("aten.").removesuffix(".default")
+    made = "x".join(map(str, outs[0])) if outs else "?"
+    what = "a map" if outs and len(outs[0]) == c.rank else "a tensor"
+    sources = ", ".join("x".join(map(str, s)) or "a scalar" for s in ins)
+    of = f"from tensors shaped {sources}" if ins else "from no tensor"
+    phase = "in backward " if c.view.phase[c.e] != "forward" else ""
+    return f"{op} {phase}makes {what} ({made}) {of}, none of them an image of the convolutions,"
+
+
 def _method_of(fn: types.FunctionType, module_type: str) -> bool:
     """Whether ``fn`` is a method of the module class named ``module_type`` (or of a class it
     derives from), so that its ``self`` is the module the line's ops were recorded in: a line
@@ -776,11 +839,15 @@ def _joins_fix(c: CauseView) -> Proposal:
         found.append(_candidate(c, "the map split in NHWC order (permute, reshape, permute back)",
                                 rw.split_map_in_nhwc_order(split, c.rank)))
     if _permuted_into_map(c):
-        found.append(_candidate(c, "the map gathered in NHWC order (channels permuted last)",
-                                rw.permuted_map_in_nhwc_order(c.rank)))
-        if weight:
-            found.append(_candidate(c, f"the map gathered in NHWC order, in the format of {weight}",
-                                    rw.permuted_map_in_nhwc_order(c.rank, weight)))
+        for before in (0, 1):  # the permute on the line, else on the statement before it
+            gathered = [_candidate(c, "the map gathered in NHWC order (channels permuted last)",
+                                   rw.permuted_map_in_nhwc_order(c.rank), before=before)]
+            if weight:
+                gathered.append(_candidate(c, f"the map gathered in NHWC order, in the format of {weight}",
+                                           rw.permuted_map_in_nhwc_order(c.rank, weight), before=before))
+            if gathered[0] is not None:
+                found += gathered
+                break
     copied = _copied_map(c)
     if copied == "dense":
         found.append(_candidate(c, "the copy of the channels_last view dropped", rw.copy_of_permuted()))
@@ -794,6 +861,18 @@ def _joins_fix(c: CauseView) -> Proposal:
                                    f"contiguous copies into {c.cl_name} too)", rw.keep_format_in_copy))
     if any(c.tracer.op[x].startswith(("aten.bmm", "aten.mm", "aten.matmul")) for x in _line_events(c)):
         found.append(_candidate(c, "the product computed transposed", rw.product_transposed))
+    meets = _first_meeting(c)
+    if meets is not None:
+        where_k = _where(str(c.view.source[meets]))
+        if where_k[0] is not None:
+            name = str(c.tracer.op[meets]).removeprefix("aten.").split(".")[0]
+            found.append(_candidate(c, f"the new tensor copied into the format of the image it meets in the {name} at "
+                                       f"{short_source(c.view.source[meets])}", rw.meet_in_format(name), at=where_k))
+    if not any(found) and _makes_a_map(c):  # a new map, not tokens made into one: no image to follow but its own
+        if weight:
+            found.append(_candidate(c, f"the new map made in the format of {weight}", rw.made_in_format(weight)))
+        found.append(_candidate(c, f"the new map made in torch.{c.cl_name}, a format-specific edit (code that runs "
+                                   f"contiguous makes it {c.cl_name} too)", rw.made_in_format()))
     candidates = [x for x in found if x is not None]
     line = linecache.getline(c.path, c.lineno).rstrip("\n") if c.path else ""
     if candidates:
@@ -802,9 +881,8 @@ def _joins_fix(c: CauseView) -> Proposal:
                           reason=f"{len(candidates)} candidate rewrite{'s' * (len(candidates) > 1)} ({labels}) "
                                  "exact only for some shapes: Fixes.verify(model, *inputs) proves one on this model "
                                  "or drops them")
-    return c.proposal(EDIT, c.row.fix, line=line,
-                      reason=f"the tensor made at {where} is not an image of the convolutions (a token or row "
-                             "tensor), and no rewrite of its statement is known to make it a map in the format")
+    return c.proposal(EDIT, c.row.fix, line=line, reason=f"{_made_from(c)} at {where}, and no rewrite of its "
+                                                         "statement is known to make it a map in the format")
 
 
 @register_fix(patterns.NO_CL_KERNEL.name, patterns.RESHAPE_MERGE.name, patterns.CONV_NO_KERNEL.name,

@@ -743,28 +743,44 @@ def permuted_map_in_nhwc_order(rank: int, weight: str | None = None) -> Callable
     dimension alone is the channels (as the recorded shapes show) into ``y.permute(p0, p2, ..,
     pr, p1).reshape(B, H, W, C).permute(0, 3, 1, 2)``: the same values, gathered in NHWC order
     by the one copy the reshape always made, so the map is a channels_last view (joins, windows
-    made into a map). With ``weight``, the map is then made contiguous in that weight's format
+    made into a map). The permute may be the statement before, ``y = z.permute(..)``, given
+    with it. With ``weight``, the map is then made contiguous in that weight's format
     (:func:`format_of_weight`)."""
     def rewrite(module: cst.Module, facts: Facts) -> cst.Module:
-        def is_gather(node) -> bool:
-            if not _is_reshape_of(rank)(node):
-                return False
-            inner = node.func.value
-            return (isinstance(inner, cst.Call) and isinstance(inner.func, cst.Attribute)
-                    and inner.func.attr.value == "permute" and len(inner.args) > rank
-                    and all(a.keyword is None and _int(a.value) is not None for a in inner.args))
+        def is_permute(node) -> bool:
+            return (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)
+                    and node.func.attr.value == "permute" and len(node.args) > rank
+                    and all(a.keyword is None and _int(a.value) is not None for a in node.args))
 
-        call = _the_one(_find(module, is_gather), "reshape of a permuted tensor into a map (.permute(..).reshape(B, C, H, W))")
-        permute = call.func.value
-        order = [_code(a.value) for a in permute.args]
-        b, ch, *space = (_code(a.value) for a in call.args)
-        y = _code(permute.func.value)
+        def nhwc(permute: cst.Call) -> cst.Call:
+            order = [a.value for a in permute.args]
+            return permute.with_changes(args=[cst.Arg(v, comma=a.comma) for v, a in zip(
+                [order[0], *order[2:], order[1]], permute.args)])
+
         back = ", ".join(map(str, [0, rank - 1, *range(1, rank - 1)]))
-        text = (f"{y}.permute({', '.join([order[0], *order[2:], order[1]])}).reshape({', '.join([b, *space, ch])})"
-                f".permute({back})")
-        if weight is not None:
-            text += f".contiguous(memory_format={format_of_weight(weight, facts)})"
-        return _replace(module, call, _expr(text))
+        fmt = f".contiguous(memory_format={format_of_weight(weight, facts)})" if weight is not None else ""
+        gathers = _find(module, lambda n: _is_reshape_of(rank)(n) and is_permute(n.func.value))
+        if gathers:
+            call = _the_one(gathers, "reshape of a permuted tensor into a map (.permute(..).reshape(B, C, H, W))")
+            b, ch, *space = (_code(a.value) for a in call.args)
+            text = f"{_code(nhwc(call.func.value))}.reshape({', '.join([b, *space, ch])}).permute({back}){fmt}"
+            return _replace(module, call, _expr(text))
+        # the permute one statement before: ``y = z.permute(..)`` then ``y.reshape(B, C, H, W)``
+        body, _ = _statement_of(module)
+        if len(body.body) != 2:
+            raise Refused("no permute before the reshape into a map")
+        first, second = body.body
+        assign = first.body[0] if isinstance(first, cst.SimpleStatementLine) and len(first.body) == 1 else None
+        if not (isinstance(assign, cst.Assign) and len(assign.targets) == 1
+                and isinstance(assign.targets[0].target, cst.Name) and is_permute(assign.value)):
+            raise Refused("the statement before the reshape is no y = z.permute(...)")
+        name = assign.targets[0].target.value
+        calls = _find(second, lambda n: _is_reshape_of(rank)(n) and isinstance(n.func.value, cst.Name)
+                      and n.func.value.value == name)
+        call = _the_one(calls, f"reshape of {name} into a map ({name}.reshape(B, C, H, W))")
+        b, ch, *space = (_code(a.value) for a in call.args)
+        return _replace_all(module, [(assign.value, nhwc(assign.value)),
+                                     (call, _expr(f"{name}.reshape({', '.join([b, *space, ch])}).permute({back}){fmt}"))])
     return rewrite
 
 
@@ -809,6 +825,49 @@ def drop_copy_of_permuted(module: cst.Module, facts: Facts, _keep: bool = False)
     call = _the_one(_find(module, is_copy), ".contiguous() of a permuted view")
     dropped = _replace(module, call, call.func.value)
     return (dropped, call) if _keep else dropped
+
+
+_OPERATORS = {"add": (cst.Add, "+"), "mul": (cst.Multiply, "*"), "sub": (cst.Subtract, "-")}
+
+
+def meet_in_format(op: str) -> Callable[[cst.Module, Facts], cst.Module]:
+    """The one ``a + b`` (or ``*``, ``-``) of the statement, where ``a`` is a tensor made of no
+    image and ``b`` an image, written ``a.contiguous(memory_format=<b's format>) + b``: the same
+    values, ``a`` copied into the format ``b`` is in (no copy where ``b`` is contiguous), so the
+    op meets two maps of one format (joins, a new map meeting the path)."""
+    def rewrite(module: cst.Module, facts: Facts) -> cst.Module:
+        kind, sign = _OPERATORS[op]
+        node = _the_one(_find(module, lambda n: isinstance(n, cst.BinaryOperation) and isinstance(n.operator, kind)),
+                        f"{op} of two operands (a {sign} b)")
+        cl = _memory_format(facts)
+        image = facts.new_name("_image")
+        left = _code(node.left.with_changes(lpar=[], rpar=[]))
+        atom = isinstance(node.left, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)) or node.left.lpar
+        text = (f"{left if atom else f'({left})'}.contiguous(memory_format={cl} if ({image} := {_code(node.right)})"
+                f".is_contiguous(memory_format={cl}) else {facts.torch}.contiguous_format) {sign} {image}")
+        return _replace(module, node, _expr(f"({text})" if node.lpar else text))
+    return rewrite
+
+
+def made_in_format(weight: str | None = None) -> Callable[[cst.Module, Facts], cst.Module]:
+    """``y = E`` (or ``return E``) whose value is a map made of no image of the convolutions (a
+    new tensor, a grid) becomes ``E.contiguous(memory_format=...)``: the format of ``weight`` (a
+    convolution's weight, as code; :func:`format_of_weight`), else the format itself, named
+    (joins). A copy of the new map, where before every convolution it meets converted it."""
+    def rewrite(module: cst.Module, facts: Facts) -> cst.Module:
+        body, index = _statement_of(module)
+        line = body.body[index]
+        small = line.body[0] if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1 else None
+        if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name):
+            value = small.value
+        elif isinstance(small, cst.Return) and small.value is not None:
+            value = small.value
+        else:
+            raise Refused("the statement is no assignment to one name or return of one value")
+        fmt = format_of_weight(weight, facts) if weight is not None else _memory_format(facts)
+        text = _code(value) if _simple(value) or isinstance(value, (cst.Call, cst.Subscript)) else f"({_code(value)})"
+        return _replace(module, value, _expr(f"{text}.contiguous(memory_format={fmt})"))
+    return rewrite
 
 
 def product_transposed(module: cst.Module, facts: Facts) -> cst.Module:
