@@ -355,12 +355,6 @@ def coords_grid(B, H, W):
     return torch.stack([xs, ys])[None].repeat(B, 1, 1, 1).float()
 
 
-def coords_grid_unpacked(B, H, W):
-    ys, xs = torch.meshgrid(torch.arange(H), torch.arange(W), indexing="ij")
-    grid, = (torch.stack([xs, ys])[None].repeat(B, 1, 1, 1).float(),)
-    return grid
-
-
 class Flow(nn.Module):
     """A coordinate grid added to a flow the convolutions made: the add takes the format of its
     first operand, the grid, so every convolution after it converts."""
@@ -399,25 +393,12 @@ def test_a_new_map_that_meets_an_image_is_copied_into_the_images_format_where_th
     assert row["reason"].startswith(f"candidate {first.label} proved")
 
 
-def test_a_new_map_made_in_the_format_by_name_is_dropped_where_it_hurts_the_contiguous_run():
-    """Met in a cat, the grid has no image to follow: the only candidate names channels_last,
-    which makes the contiguous run's grid channels_last too; verify drops it."""
-    torch.manual_seed(0)
-    model, x, fixes = _fixes(Flow(meet="cat"), torch.randn(2, 3, 8, 8))
-    n = int(fixes.frame.loc[fixes.frame["pattern"] == "joins", "fix"].iloc[0])
-    labels = [c.label for c in fixes._proposals[n].extra["candidates"]]
-    assert labels == ["the new map made in torch.channels_last, a format-specific edit (code that runs contiguous "
-                      "makes it channels_last too)"]
-    table = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=2)
-    row = table[(table["kind"] == "fix") & (table["fix"] == n)].iloc[0]
-    assert not row["applied"] and "adds hotspot groups to the contiguous run" in row["reason"], row["reason"]
-
-
 def test_a_join_left_by_hand_says_which_op_made_the_map_and_from_what_as_recorded():
-    """Every by-hand reason is true: the op, the shape it made and the shapes it read are those
-    the recording has at the line."""
+    """Met in a cat, the grid has no image to follow where they meet: by hand. Every by-hand
+    reason is true: the op, the shape it made and the shapes it read are those the recording has
+    at the line."""
     torch.manual_seed(0)
-    model = Flow(grid=coords_grid_unpacked, meet="cat").to(memory_format=torch.channels_last)
+    model = Flow(meet="cat").to(memory_format=torch.channels_last)
     a = auditor.audit(model, torch.randn(2, 3, 8, 8).contiguous(memory_format=torch.channels_last))
     fixes = auditor.suggest_fixes(a)
     joins = fixes.frame[fixes.frame["pattern"] == "joins"].iloc[0]
@@ -462,3 +443,60 @@ def test_a_gather_whose_permute_is_the_statement_before_is_rewritten_over_both()
     assert row["applied"] and row["same_outputs"] and row["hotspots_after"] == 0, row["reason"]
     assert row["contiguous_hotspots_after"] <= row["contiguous_hotspots_before"]
     assert "# permute into" in fixes.patch([n])  # the comment between the statements is kept
+
+
+class CascadedHeads(nn.Module):
+    """EfficientViT's cascaded group attention: each head's map, a matrix product viewed as a
+    map, is added to the next head's input and all are concatenated for the projection. The
+    product's rows make the maps contiguous; the concatenation, a cause of its own, only
+    passes them on."""
+
+    def __init__(self, c=8, heads=2):
+        super().__init__()
+        self.stem = nn.Conv2d(3, c, 3, padding=1)
+        self.qkvs = nn.ModuleList(nn.Conv2d(c // heads, 3 * (c // heads), 1) for _ in range(heads))
+        self.proj = nn.Conv2d(c, c, 1)
+
+    def forward(self, x):
+        x = self.stem(x)
+        B, C, H, W = x.shape
+        feats_in = x.chunk(len(self.qkvs), 1)
+        feats, feat = [], feats_in[0]
+        for i, qkv in enumerate(self.qkvs):
+            if i > 0:
+                feat = feat + feats_in[i]
+            q, k, v = qkv(feat).flatten(2).chunk(3, 1)
+            attn = (q.transpose(-2, -1) @ k).softmax(-1)
+            feat = v @ attn.transpose(-2, -1)
+            feat = feat.view(B, -1, H, W)
+            feats.append(feat)
+        return self.proj(torch.cat(feats, 1))
+
+
+def test_a_product_transposed_where_a_weight_is_channels_last_and_a_cause_its_fix_removes():
+    """The plain transposed product makes the contiguous run's maps channels_last, so it is
+    dropped; the one that follows the weight is proved. The concatenation, left by hand, is then gone with
+    it: its row says the automatic fixes remove it, made together with the same values."""
+    torch.manual_seed(0)
+    model, x, fixes = _fixes(CascadedHeads(), torch.randn(2, 3, 8, 8))
+    frame = fixes.frame.set_index("fix")
+    product = int(fixes.frame.loc[fixes.frame["line"].str.contains("@", regex=False), "fix"].iloc[0])
+    cat = int(fixes.frame.loc[fixes.frame["line"].str.contains("torch.cat", regex=False), "fix"].iloc[0])
+    assert not frame.loc[cat, "automatic"] and "cat makes a map (2x8x8x8)" in frame.loc[cat, "reason"]
+    labels = [c.label for c in fixes._proposals[product].extra["candidates"]]
+    assert labels[0] == "the product computed transposed"
+    assert labels[1].startswith("the product computed transposed where self.qkvs[") and labels[1].endswith(
+        "].weight is channels_last")
+    table = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=2).set_index("fix")
+    assert table.loc[product, "applied"] and table.loc[product, "hotspots_after"] == 0
+    assert table.loc[product, "reason"].startswith(f"candidate {labels[1]} proved")
+    removed = table.loc[cat]
+    assert removed["verdict"] == "removed by the other fixes" and not removed["applied"]
+    assert removed["hotspots_after"] == 0 and removed["same_outputs"]
+    assert f"removed by the automatic fixes ({product}) made together" in removed["reason"]
+    assert not fixes.frame.set_index("fix").loc[cat, "automatic"]  # no edit of its own to make
+    # what the row claims: with the product's fix made, no hotspot group is left at the cat
+    fixes.apply(model, fixes=[product], exposed=False)
+    after = auditor.audit(model, x)
+    fixes.undo()
+    assert not after.causes()["source"].str.endswith(frame.loc[cat, "source"].rpartition("/")[2]).any()

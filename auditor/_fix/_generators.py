@@ -738,15 +738,6 @@ def _weight_in_reach(c: CauseView, fns: list[types.FunctionType]) -> str | None:
     return module_expr(path, root="self") + ".weight"
 
 
-def _makes_a_map(c: CauseView) -> bool:
-    """Whether the cause's op, in forward, writes a tensor of the images' rank (a new tensor, a
-    grid, a canvas that is filled later) from inputs none of which is an image."""
-    if c.view.phase[c.e] != "forward":
-        return False
-    _, outs = c.shapes(c.e)
-    return bool(outs) and len(outs[0]) == c.rank
-
-
 #: elementwise ops whose result takes the format of their first operand where the two differ
 _FIRST_OPERAND_DECIDES = ("aten.add.Tensor", "aten.mul.Tensor", "aten.sub.Tensor")
 
@@ -861,6 +852,9 @@ def _joins_fix(c: CauseView) -> Proposal:
                                    f"contiguous copies into {c.cl_name} too)", rw.keep_format_in_copy))
     if any(c.tracer.op[x].startswith(("aten.bmm", "aten.mm", "aten.matmul")) for x in _line_events(c)):
         found.append(_candidate(c, "the product computed transposed", rw.product_transposed))
+        if weight:
+            found.append(_candidate(c, f"the product computed transposed where {weight} is {c.cl_name}",
+                                    rw.product_transposed_in_format_of(weight)))
     meets = _first_meeting(c)
     if meets is not None:
         where_k = _where(str(c.view.source[meets]))
@@ -868,11 +862,6 @@ def _joins_fix(c: CauseView) -> Proposal:
             name = str(c.tracer.op[meets]).removeprefix("aten.").split(".")[0]
             found.append(_candidate(c, f"the new tensor copied into the format of the image it meets in the {name} at "
                                        f"{short_source(c.view.source[meets])}", rw.meet_in_format(name), at=where_k))
-    if not any(found) and _makes_a_map(c):  # a new map, not tokens made into one: no image to follow but its own
-        if weight:
-            found.append(_candidate(c, f"the new map made in the format of {weight}", rw.made_in_format(weight)))
-        found.append(_candidate(c, f"the new map made in torch.{c.cl_name}, a format-specific edit (code that runs "
-                                   f"contiguous makes it {c.cl_name} too)", rw.made_in_format()))
     candidates = [x for x in found if x is not None]
     line = linecache.getline(c.path, c.lineno).rstrip("\n") if c.path else ""
     if candidates:

@@ -661,9 +661,14 @@ def format_of_weight(weight: str, facts: Facts) -> str:
     t = facts.torch
     if t is None:
         raise Refused("torch is not imported where this line runs, so the rewrite cannot name a memory format")
+    return f"{t}.{facts.cl} if {weight_in_format(weight, facts)} else {t}.contiguous_format"
+
+
+def weight_in_format(weight: str, facts: Facts) -> str:
+    """An expression that is true where ``weight`` (a convolution's, as code) is laid out in
+    the format (:func:`format_of_weight`)."""
     w = facts.new_name("_w")
-    return (f"{t}.{facts.cl} if (({w} := {weight}).stride(1) == 1 and ({w}.shape[1] == 1 or {w}.stride(-1) > 1)) "
-            f"else {t}.contiguous_format")
+    return f"(({w} := {weight}).stride(1) == 1 and ({w}.shape[1] == 1 or {w}.stride(-1) > 1))"
 
 
 def map_in_nhwc_order(rank: int, weight: str | None = None) -> Callable[[cst.Module, Facts], cst.Module]:
@@ -849,27 +854,6 @@ def meet_in_format(op: str) -> Callable[[cst.Module, Facts], cst.Module]:
     return rewrite
 
 
-def made_in_format(weight: str | None = None) -> Callable[[cst.Module, Facts], cst.Module]:
-    """``y = E`` (or ``return E``) whose value is a map made of no image of the convolutions (a
-    new tensor, a grid) becomes ``E.contiguous(memory_format=...)``: the format of ``weight`` (a
-    convolution's weight, as code; :func:`format_of_weight`), else the format itself, named
-    (joins). A copy of the new map, where before every convolution it meets converted it."""
-    def rewrite(module: cst.Module, facts: Facts) -> cst.Module:
-        body, index = _statement_of(module)
-        line = body.body[index]
-        small = line.body[0] if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1 else None
-        if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name):
-            value = small.value
-        elif isinstance(small, cst.Return) and small.value is not None:
-            value = small.value
-        else:
-            raise Refused("the statement is no assignment to one name or return of one value")
-        fmt = format_of_weight(weight, facts) if weight is not None else _memory_format(facts)
-        text = _code(value) if _simple(value) or isinstance(value, (cst.Call, cst.Subscript)) else f"({_code(value)})"
-        return _replace(module, value, _expr(f"{text}.contiguous(memory_format={fmt})"))
-    return rewrite
-
-
 def product_transposed(module: cst.Module, facts: Facts) -> cst.Module:
     """``a @ b`` becomes ``(b.mT @ a.mT).mT`` written with ``transpose(-2, -1)``: each output
     element the same dot product, computed transposed, so the result is a transposed view whose
@@ -890,3 +874,18 @@ def product_transposed(module: cst.Module, facts: Facts) -> cst.Module:
         return f"{text if simple else f'({text})'}.transpose(-2, -1)"
     text = f"({transposed(node.right)} @ {transposed(node.left)}).transpose(-2, -1)"
     return _replace(module, node, _expr(text))
+
+
+def product_transposed_in_format_of(weight: str) -> Callable[[cst.Module, Facts], cst.Module]:
+    """:func:`product_transposed` where ``weight`` (a convolution's weight, as code) is laid out
+    in the format (:func:`weight_in_format`), the product as it was where it is not: the map
+    that follows is a channels_last view where the model runs channels_last, and rows as before
+    where it runs contiguous (joins)."""
+    def rewrite(module: cst.Module, facts: Facts) -> cst.Module:
+        node = _the_one(_find(module, lambda n: isinstance(n, cst.BinaryOperation)
+                              and isinstance(n.operator, cst.MatrixMultiply)), "matrix product (a @ b)")
+        transposed = _find(product_transposed(module, facts), lambda n: isinstance(n, cst.Call) and isinstance(
+            n.func, cst.Attribute) and n.func.attr.value == "transpose" and isinstance(n.func.value, cst.BinaryOperation))
+        text = f"({_code(transposed[0])} if {weight_in_format(weight, facts)} else {_code(node)})"
+        return _replace(module, node, _expr(text))
+    return rewrite

@@ -342,6 +342,7 @@ class Fixes:
         self._not_automatic_where_contiguous_hurts(rows)
         if len(self) > 0:
             together, found = self._verify_all(step, warmup, seed, timing, exposed, rows)
+            self._removed_together(rows, together)
             rows.append(together)
             rows.extend(found)
         for r in rows:
@@ -499,6 +500,27 @@ class Fixes:
             [alone] = [r for r in rows if r["fix"] == numbers[0]]
             return {**alone, "kind": "all", "fix": 0, "cause": 0, "pattern": "", "source": ""}, found
         return self._verify_one(numbers, step, warmup, seed, timing, extra, kind="all"), found
+
+    def _removed_together(self, rows: list[dict], together: dict) -> None:
+        """The rows of the fixes left by hand whose causes' hotspot groups are all gone once the
+        automatic fixes are made together, with the same values, and whose groups went nowhere
+        else (the step has at most as many groups as the fixes and these causes account for),
+        changed to say so: the automatic fixes fix them too."""
+        after = together.get("_after")
+        if after is None or not together.get("applied") or together.get("same_outputs") is not True:
+            return
+        made = [n for n in self._numbers(None) if self._row(n)["automatic"]]
+        left = [r for r in rows if r["kind"] == "fix" and not r.get("applied")
+                and not self._row(r["fix"])["automatic"] and self._hotspot_counts([r["fix"]], after)["hotspots_after"] == 0]
+        gone = self._groups(made + [r["fix"] for r in left])
+        if not left or len(after.hotspots()) > len(self._hotspots) - gone:
+            return
+        for r in left:
+            r.update(hotspots_after=0, same_outputs=True, max_abs_diff=together.get("max_abs_diff"),
+                     max_rel_diff=together.get("max_rel_diff"), verdict=verification.REMOVED_BY_OTHERS,
+                     reason=f"{r.get('reason') or 'by hand'}; removed by the automatic fixes "
+                            f"({', '.join(map(str, made))}) made together: its hotspot groups are gone with theirs, "
+                            "the values the same")
 
     def _estimate(self, numbers: list[int]) -> float:
         if self.audit is None:

@@ -39,6 +39,9 @@ HELPS, WITHIN_NOISE, HURTS, CHANGES_OUTPUTS, NOT_APPLIED = (
 #: A fix that adds hotspot groups to the model run all-contiguous: it changes code (or modules)
 #: that a contiguous run goes through too, so it is not made automatically.
 HURTS_CONTIGUOUS = "hurts contiguous"
+#: A cause left by hand whose hotspot groups the automatic fixes, made together, remove (its
+#: data was a consequence of theirs), with the same values and no group moved elsewhere.
+REMOVED_BY_OTHERS = "removed by the other fixes"
 
 
 def contiguous_step(step: Step, model) -> Step:
