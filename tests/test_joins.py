@@ -500,3 +500,29 @@ def test_a_product_transposed_where_a_weight_is_channels_last_and_a_cause_its_fi
     after = auditor.audit(model, x)
     fixes.undo()
     assert not after.causes()["source"].str.endswith(frame.loc[cat, "source"].rpartition("/")[2]).any()
+
+
+def test_a_proved_candidate_that_raises_with_the_other_fixes_is_taken_back(monkeypatch):
+    """Each candidate is proved alone; made together with the other automatic fixes, a pair of
+    rewrites can clash. Then the last proved is left by hand, saying so, and verify goes on."""
+    torch.manual_seed(0)
+    model, x, fixes = _fixes(CascadedHeads(), torch.randn(2, 3, 8, 8))
+    product = int(fixes.frame.loc[fixes.frame["line"].str.contains("@", regex=False), "fix"].iloc[0])
+    together = type(fixes)._verify_all
+    calls = []
+
+    def clash(self, *args, **kwargs):
+        calls.append(bool(self.frame.set_index("fix").loc[product, "automatic"]))
+        if calls[-1]:
+            raise RuntimeError("The expanded size of the tensor (1) must match the existing size (2)")
+        return together(self, *args, **kwargs)
+    monkeypatch.setattr(type(fixes), "_verify_all", clash)
+    table = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=2).set_index("fix")
+    assert calls == [True, False]
+    row = fixes.frame.set_index("fix").loc[product]
+    assert not row["automatic"] and row["suggestion"] == ""
+    assert row["reason"].startswith("proved alone, but the automatic fixes made together with it raise RuntimeError")
+    assert table.loc[product, "reason"] == f"by hand: {row['reason']}"
+    assert "(attn @ v.transpose(-2, -1))" not in fixes.patch()  # the rewrite is left out of the diff
+    assert not fixes.apply(model).set_index("fix").loc[product, "applied"]
+    fixes.undo()

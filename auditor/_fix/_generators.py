@@ -643,11 +643,11 @@ def _tokens_to_map_rank(c: CauseView) -> int | None:
 
 def _map_split(c: CauseView) -> int | None:
     """How many of the sizes after the batch a reshape on the cause's line splits a map's
-    channels into, where it reshapes a map (B, C, H, W) into (B, c1 .. ck, s1 .. sm) with
-    c1·..·ck = C and s1·..·sm = H·W (its spatial dimensions split or merged in order: window
-    partitions, heads), as the recorded shapes of every such reshape there show; None where
-    none does, or they differ."""
-    found = set()
+    channels into, where it reshapes a map (B, C, H, W) dense in the format into (B, c1 .. ck,
+    s1 .. sm) with c1·..·ck = C and s1·..·sm = H·W (its spatial dimensions split or merged in
+    order: window partitions, heads): the one k every such reshape recorded there allows (a
+    size of 1 lets one map fit several); None where no one k does."""
+    allowed = None
     for x in _line_events(c):
         if not c.tracer.op[x].startswith(_RESHAPES):
             continue
@@ -657,12 +657,11 @@ def _map_split(c: CauseView) -> int | None:
         (i,), (o,) = ins, outs
         if not _in_format(c, x):
             continue
-        ks = [k for k in range(1, len(o) - 1)
-              if int(np.prod(o[1:1 + k])) == i[1] and int(np.prod(o[1 + k:])) == int(np.prod(i[2:]))]
-        if len(ks) > 1:
-            return None
-        found |= {(ks[0], len(o))} if ks else set()
-    return found.pop()[0] if len(found) == 1 else None
+        ks = {(k, len(o)) for k in range(1, len(o) - 1)
+              if int(np.prod(o[1:1 + k])) == i[1] and int(np.prod(o[1 + k:])) == int(np.prod(i[2:]))}
+        if ks:
+            allowed = ks if allowed is None else allowed & ks
+    return next(iter(allowed))[0] if allowed and len(allowed) == 1 else None
 
 
 def _in_format(c: CauseView, x: int) -> bool:

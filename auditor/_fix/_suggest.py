@@ -341,7 +341,7 @@ class Fixes:
                 rows.append(self._verify_one([n], step, warmup, seed, timing))
         self._not_automatic_where_contiguous_hurts(rows)
         if len(self) > 0:
-            together, found = self._verify_all(step, warmup, seed, timing, exposed, rows)
+            together, found = self._together(step, warmup, seed, timing, exposed, rows)
             self._removed_together(rows, together)
             rows.append(together)
             rows.extend(found)
@@ -500,6 +500,28 @@ class Fixes:
             [alone] = [r for r in rows if r["fix"] == numbers[0]]
             return {**alone, "kind": "all", "fix": 0, "cause": 0, "pattern": "", "source": ""}, found
         return self._verify_one(numbers, step, warmup, seed, timing, extra, kind="all"), found
+
+    def _together(self, step: Step, warmup: int, seed: int, timing: dict, exposed: bool,
+                  rows: list[dict]) -> tuple[dict, list[dict]]:
+        """:meth:`_verify_all`; where the automatic fixes made together raise, the fixes proved
+        from candidates are taken back one at a time, the last proved first, until they do not
+        (each proved alone: only a pair of rewrites can clash), each left by hand saying why."""
+        while True:
+            try:
+                return self._verify_all(step, warmup, seed, timing, exposed, rows)
+            except Exception as exc:
+                proved = [n for n in self._numbers(None) if self._row(n)["automatic"]
+                          and (self._proposals.get(n) is not None and self._proposals[n].extra.get("candidates"))]
+                if not proved:
+                    raise
+                n = proved[-1]
+                why = (f"proved alone, but the automatic fixes made together with it raise {type(exc).__name__}: "
+                       f"{str(exc).splitlines()[0][:120] if str(exc) else ''}")
+                self._proposals[n].edit, self._proposals[n].reason = None, why
+                self._set_row(n, automatic=False, reason=why, suggestion="")
+                for r in rows:
+                    if r["kind"] == "fix" and r["fix"] == n:
+                        r["reason"] = f"by hand: {why}"
 
     def _removed_together(self, rows: list[dict], together: dict) -> None:
         """The rows of the fixes left by hand whose causes' hotspot groups are all gone once the
