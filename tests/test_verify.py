@@ -462,3 +462,32 @@ def test_a_model_that_cannot_run_in_float64_is_verified_in_its_own_dtype():
     row = v.iloc[0]
     assert row["applied"] and row["same_outputs"] and row["hotspots_after"] == 0
     assert row["max_rel_diff"] <= _verify.TOLERANCE[torch.float32]
+
+
+class _Amplifier(nn.Module):
+    """A batch norm of values that differ only in their last places: a change of the last
+    place of the input becomes a change of the output's first digits."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 1, 1)
+        self.norm = nn.BatchNorm2d(1, eps=1e-30)
+
+    def forward(self, x):
+        return self.norm(self.conv(x))
+
+
+def test_the_tolerance_rises_to_what_rounding_alone_moves_a_models_values_by():
+    from auditor._fix import _verify as verification
+    from auditor._step import Step
+
+    torch.manual_seed(0)
+    x = (1 + 1e-12 * torch.randn(2, 1, 4, 4, dtype=torch.float64))
+    steep = verification.rounding_sensitivity(Step(_Amplifier().double(), (x,), {}, backward=True))
+    flat = verification.rounding_sensitivity(Step(nn.Conv2d(1, 2, 1).double(), (x,), {}, backward=True))
+    assert flat < verification.TOLERANCE[torch.float64] < steep <= verification.ROUNDING_CAP
+    before = {"output 0": torch.ones(3, dtype=torch.float64)}
+    after = {"output 0": torch.ones(3, dtype=torch.float64) * (1 + steep / 2)}
+    assert not verification.compare_values(before, after).same
+    assert verification.compare_values(before, after, floor=steep).same
+    assert not verification.compare_values(before, {"output 0": before["output 0"] * 2}, floor=steep).same

@@ -332,6 +332,8 @@ class Fixes:
         timing = {"rounds": rounds, "max_rounds": max_rounds, "budget_s": budget_s}
         self._contiguous_before = _contiguous_groups(step, copy_model(step.model), warmup)
         self._float64 = verification.runs_in_float64(step, seed)
+        self._rounding = verification.rounding_sensitivity(
+            (self._float64 and verification.in_float64(step)) or step, seed)
         rows = []
         for n in self._numbers(None):
             p = self._proposals.get(n)
@@ -385,7 +387,7 @@ class Fixes:
             with _code_off(code):
                 before_values = verification.step_values(checks[0], seed)
             after_values = verification.step_values(checks[1], seed, names)
-            same = verification.compare_values(before_values, after_values)
+            same = verification.compare_values(before_values, after_values, floor=getattr(self, "_rounding", 0.0))
             if prove and _failed_check({**out, "same_outputs": same.same, "max_rel_diff": same.max_rel_diff}):
                 return {**out, "same_outputs": same.same, "max_abs_diff": same.max_abs_diff,
                         "max_rel_diff": same.max_rel_diff,

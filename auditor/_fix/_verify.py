@@ -32,6 +32,12 @@ from .._step import Step, copy_model
 #: read memory), which a batch norm over a handful of values can amplify a millionfold; in
 #: float32 that amplified rounding can reach the values themselves.
 TOLERANCE = {torch.float64: 1e-6, torch.float32: 1e-3, torch.float16: 5e-2, torch.bfloat16: 5e-2}
+#: A model can amplify rounding past :data:`TOLERANCE`: its values then move by more than that
+#: when its inputs move by a few units in the last place (:func:`rounding_sensitivity`). A fix may
+#: move them up to this many times as much, since it reorders sums at many places, not one...
+ROUNDING_FACTOR = 10
+#: ...but never by more than this, relative: past it, a changed computation could hide in the noise.
+ROUNDING_CAP = 1e-3
 
 #: The verdicts of a verified fix.
 HELPS, WITHIN_NOISE, HURTS, CHANGES_OUTPUTS, NOT_APPLIED = (
@@ -105,10 +111,11 @@ class Comparison:
     worst: str
 
 
-def compare_values(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> Comparison:
+def compare_values(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor], floor: float = 0.0) -> Comparison:
     """The values of a fixed step against the original's (:func:`step_values`): the largest
     difference of each tensor, relative to the largest magnitude among the original's values of
-    its kind (outputs, gradients), within :data:`TOLERANCE` of its dtype."""
+    its kind (outputs, gradients), within :data:`TOLERANCE` of its dtype, or ``floor`` where that
+    is larger (what rounding alone moves this model's values by)."""
     if before.keys() != after.keys():
         missing = sorted(set(before) ^ set(after))
         return Comparison(False, math.inf, math.inf, f"not in both: {', '.join(missing[:3])}")
@@ -131,8 +138,27 @@ def compare_values(before: dict[str, torch.Tensor], after: dict[str, torch.Tenso
         rel = diff / top if top > 0 else (0.0 if diff == 0 else math.inf)
         if rel > worst_rel or (rel == worst_rel and diff > worst_abs):
             worst_abs, worst_rel, worst = diff, rel, name
-        same &= rel <= TOLERANCE.get(a.dtype, 1e-3) and math.isfinite(diff)
+        same &= rel <= max(TOLERANCE.get(a.dtype, 1e-3), floor) and math.isfinite(diff)
     return Comparison(same, worst_abs, worst_rel, worst)
+
+
+def rounding_sensitivity(step: Step, seed: int = 0) -> float:
+    """How far rounding alone moves ``step``'s values: the largest relative change of its
+    outputs and gradients (as :func:`compare_values` measures) when its floating inputs are
+    scaled by 1 + 4 units in the last place of their dtype, times :data:`ROUNDING_FACTOR`, at
+    most :data:`ROUNDING_CAP`. Batch norms over a handful of values amplify a change of the
+    last place by up to a billionfold; a fix that reorders a sum is such a change."""
+    def nudged(t):
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            return t
+        out = t.detach() * (1 + 4 * torch.finfo(t.dtype).eps)
+        return out.requires_grad_() if t.requires_grad else out
+    model = step.model
+    base = step_values(step.replace(model=copy_model(model)), seed)
+    moved = step_values(step.replace(model=copy_model(model), inputs=tuple(nudged(t) for t in step.inputs),
+                                     kwargs={k: nudged(v) for k, v in step.kwargs.items()}), seed)
+    change = compare_values(base, moved).max_rel_diff
+    return min(ROUNDING_FACTOR * change, ROUNDING_CAP) if math.isfinite(change) else ROUNDING_CAP
 
 
 def in_float64(step: Step) -> Step | None:
