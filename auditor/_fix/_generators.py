@@ -871,7 +871,8 @@ def _joins_fix(c: CauseView) -> Proposal:
             found.append(_candidate(c, f"the new tensor copied into the format of the image it meets in the {name} at "
                                        f"{short_source(c.view.source[meets])}", rw.meet_in_format(name), at=where_k))
     if weight and not any(found) and _makes_a_map(c):  # a map made here, not tokens made into one
-        found.append(_candidate(c, f"the map made in the format of {weight}", rw.made_in_format_of(weight)))
+        op = str(c.tracer.op[c.e]).removeprefix("aten.").split(".")[0].rstrip("_")
+        found.append(_candidate(c, f"the map made in the format of {weight}", rw.made_in_format_of(weight, op)))
     candidates = [x for x in found if x is not None]
     line = linecache.getline(c.path, c.lineno).rstrip("\n") if c.path else ""
     if candidates:
