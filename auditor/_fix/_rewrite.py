@@ -703,6 +703,11 @@ def map_in_nhwc_order(rank: int, weight: str | None = None) -> Callable[[cst.Mod
     return rewrite
 
 
+def _holds(node: cst.CSTNode, other: cst.CSTNode) -> bool:
+    """Whether ``other`` is ``node`` or lies inside it."""
+    return bool(_find(node, lambda n: n is other))
+
+
 def _is_reshape_of(count: int) -> Callable[[cst.CSTNode], bool]:
     """``x.reshape(...)`` or ``x.view(...)`` of ``count`` sizes, written out one by one."""
     def test(node) -> bool:
@@ -723,7 +728,7 @@ def split_map_in_nhwc_order(k: int, rank: int) -> Callable[[cst.Module, Facts], 
     def rewrite(module: cst.Module, facts: Facts) -> cst.Module:
         calls = [c for n in range(k + 2, k + 9) for c in _find(module, _is_reshape_of(n))]
         # the reshape the others are applied to: the one whose receiver holds no other
-        inner = [c for c in calls if not any(o is not c and _find(c.func.value, lambda n: n is o) for o in calls)]
+        inner = [c for c in calls if not any(o is not c and _holds(c.func.value, o) for o in calls)]
         call = _the_one(inner, "reshape of a map into its channels and positions (x.reshape(B, c, .., s, ..))")
         args = [_code(a.value) for a in call.args]
         m = len(args) - 1 - k
