@@ -369,23 +369,35 @@ class Flow(nn.Module):
         B, _, H, W = x.shape
         if self.meet == "add":
             y = self.grid(B, H, W) + self.conv1(x)
+        elif self.meet == "add after a sub":  # the grid minus a grid first (RAFT's coords1 - coords0)
+            g = self.grid(B, H, W)
+            x = self.conv1(x) + (g - g.flip(-1)).mean()
+            y = g + x
         else:
             y = torch.cat([self.grid(B, H, W), self.conv1(x)], 1)[:, 1:3]
         return self.conv2(y)
 
 
-def test_a_new_map_that_meets_an_image_is_copied_into_the_images_format_where_they_meet():
+@pytest.mark.parametrize("meet, line, rewritten", [
+    ("add", "y = self.grid(B, H, W) + self.conv1(x)",
+     "y = self.grid(B, H, W).contiguous(memory_format=torch.channels_last if (_image := self.conv1(x))"
+     ".is_contiguous(memory_format=torch.channels_last) else torch.contiguous_format) + _image"),
+    ("add after a sub", "y = g + x",
+     "y = g.contiguous(memory_format=torch.channels_last if (_image := x)"
+     ".is_contiguous(memory_format=torch.channels_last) else torch.contiguous_format) + _image"),
+])
+def test_a_new_map_that_meets_an_image_is_copied_into_the_images_format_where_they_meet(meet, line, rewritten):
+    """Where the grid first meets an image as the first operand: a sub of two grids before it is
+    passed over."""
     torch.manual_seed(0)
-    model, x, fixes = _fixes(Flow(), torch.randn(2, 3, 8, 8))
+    model, x, fixes = _fixes(Flow(meet=meet), torch.randn(2, 3, 8, 8))
     joins = fixes.frame[fixes.frame["pattern"] == "joins"]
     assert len(joins) == 1
     n = int(joins["fix"].iloc[0])
     first = fixes._proposals[n].extra["candidates"][0]
     assert first.label.startswith("the new tensor copied into the format of the image it meets in the add at ")
-    assert first.line.strip() == "y = self.grid(B, H, W) + self.conv1(x)"  # the line where they meet
-    assert first.suggestion.strip() == (
-        "y = self.grid(B, H, W).contiguous(memory_format=torch.channels_last if (_image := self.conv1(x))"
-        ".is_contiguous(memory_format=torch.channels_last) else torch.contiguous_format) + _image")
+    assert first.line.strip() == line  # the line where they meet
+    assert first.suggestion.strip() == rewritten
     table = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=2)
     row = table[(table["kind"] == "fix") & (table["fix"] == n)].iloc[0]
     assert row["applied"] and row["same_outputs"] and row["hotspots_after"] == 0, row["reason"]

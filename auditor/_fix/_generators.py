@@ -751,8 +751,8 @@ _FIRST_OPERAND_DECIDES = ("aten.add.Tensor", "aten.mul.Tensor", "aten.sub.Tensor
 
 
 def _first_meeting(c: CauseView) -> int | None:
-    """The add, multiply or subtract (in forward) where the tensor the cause made, or a view or
-    cast of it, first meets a map dense in the format, as its first operand: the result takes
+    """The first add, multiply or subtract (in forward) where the tensor the cause made, or a
+    view or cast of it, meets a map dense in the format, as its first operand: the result takes
     the first operand's format, so the image's is lost there."""
     if c.view.phase[c.e] != "forward":
         return None
@@ -768,7 +768,7 @@ def _first_meeting(c: CauseView) -> int | None:
                 rows = [r for r in c.tracer._rows(k) if not c.tracer.is_out[r]]
                 if len(rows) == 2 and int(producer[rows[0]]) in chain and _row_in_format(c, rows[1]):
                     return k
-                return None
+                continue
             if c.view.kind[k] == "view" or op.startswith("aten._to_copy"):
                 chain.add(k)
                 todo.append(k)
