@@ -538,39 +538,3 @@ def test_a_proved_candidate_that_raises_with_the_other_fixes_is_taken_back(monke
     assert "(attn @ v.transpose(-2, -1))" not in fixes.patch()  # the rewrite is left out of the diff
     assert not fixes.apply(model).set_index("fix").loc[product, "applied"]
     fixes.undo()
-
-
-class TalkingHeads(nn.Module):
-    """EfficientFormerV2's attention: the logits of its heads, a (B, heads, N, N) map made of
-    tokens, get a bias and a 1×1 convolution that mixes the heads."""
-
-    def __init__(self, c=8, heads=4):
-        super().__init__()
-        self.heads = heads
-        self.stem = nn.Conv2d(3, c, 3, padding=1)
-        self.qk = nn.Conv2d(c, 2 * c, 1)
-        self.bias = nn.Parameter(torch.randn(heads, 16, 16))
-        self.talking_head = nn.Conv2d(heads, heads, 1)
-
-    def forward(self, x):
-        x = self.stem(x)
-        B, C, H, W = x.shape
-        q, k = self.qk(x).reshape(B, 2, self.heads, -1, H * W).unbind(1)
-        attn = q.transpose(-2, -1) @ k
-        attn = attn + self.bias
-        attn = self.talking_head(attn).softmax(-1)
-        return attn @ x.reshape(B, self.heads, -1, H * W).transpose(-2, -1)
-
-
-def test_a_map_made_of_tokens_is_made_in_the_format_of_the_convolution_it_feeds():
-    torch.manual_seed(0)
-    model, x, fixes = _fixes(TalkingHeads(), torch.randn(2, 3, 4, 4))
-    joins = fixes.frame[fixes.frame["line"].str.contains("self.bias", regex=False)]
-    assert len(joins) == 1
-    n = int(joins["fix"].iloc[0])
-    [candidate] = fixes._proposals[n].extra["candidates"]
-    assert candidate.label == "the map made in the format of self.talking_head.weight"
-    assert candidate.suggestion.strip().startswith("attn = (attn + self.bias).contiguous(memory_format=torch.channels_last if")
-    table = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=2).set_index("fix")
-    assert table.loc[n, "applied"] and table.loc[n, "same_outputs"] and table.loc[n, "hotspots_after"] == 0
-    assert table.loc[n, "contiguous_hotspots_after"] <= table.loc[n, "contiguous_hotspots_before"]

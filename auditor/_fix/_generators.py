@@ -737,15 +737,6 @@ def _weight_in_reach(c: CauseView, fns: list[types.FunctionType]) -> str | None:
     return module_expr(path, root="self") + ".weight"
 
 
-def _makes_a_map(c: CauseView) -> bool:
-    """Whether the cause's op, in forward, writes a tensor of the images' rank (attention maps
-    whose heads a convolution then mixes, a grid, a canvas)."""
-    if c.view.phase[c.e] != "forward":
-        return False
-    _, outs = c.shapes(c.e)
-    return bool(outs) and len(outs[0]) == c.rank
-
-
 #: elementwise ops whose result takes the format of their first operand where the two differ
 _FIRST_OPERAND_DECIDES = ("aten.add.Tensor", "aten.mul.Tensor", "aten.sub.Tensor")
 
@@ -870,9 +861,6 @@ def _joins_fix(c: CauseView) -> Proposal:
             name = str(c.tracer.op[meets]).removeprefix("aten.").split(".")[0]
             found.append(_candidate(c, f"the new tensor copied into the format of the image it meets in the {name} at "
                                        f"{short_source(c.view.source[meets])}", rw.meet_in_format(name), at=where_k))
-    if weight and not any(found) and _makes_a_map(c):  # a map made here, not tokens made into one
-        op = str(c.tracer.op[c.e]).removeprefix("aten.").split(".")[0].rstrip("_")
-        found.append(_candidate(c, f"the map made in the format of {weight}", rw.made_in_format_of(weight, op)))
     candidates = [x for x in found if x is not None]
     line = linecache.getline(c.path, c.lineno).rstrip("\n") if c.path else ""
     if candidates:

@@ -859,39 +859,6 @@ def meet_in_format(op: str) -> Callable[[cst.Module, Facts], cst.Module]:
     return rewrite
 
 
-_BINARY = {"add": cst.Add, "sub": cst.Subtract, "mul": cst.Multiply, "div": cst.Divide}
-
-
-def made_in_format_of(weight: str, op: str) -> Callable[[cst.Module, Facts], cst.Module]:
-    """``y = E`` (or ``return E``) whose value is a map made of no image of the convolutions by
-    the aten op ``op`` itself (``E`` is ``a + b`` for ``add``, a call of ``cat`` for ``cat``:
-    attention maps whose heads a convolution mixes, a grid) becomes
-    ``E.contiguous(memory_format=...)`` in the format of ``weight`` (a convolution's weight, as
-    code; :func:`format_of_weight`): a copy where the model runs channels_last, none where it
-    runs contiguous (joins)."""
-    def made_by_op(value) -> bool:
-        if isinstance(value, cst.BinaryOperation):
-            return isinstance(value.operator, _BINARY.get(op, ()))
-        return isinstance(value, cst.Call) and _callee(value).rstrip("_") == op
-
-    def rewrite(module: cst.Module, facts: Facts) -> cst.Module:
-        body, index = _statement_of(module)
-        line = body.body[index]
-        small = line.body[0] if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1 else None
-        if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name):
-            value = small.value
-        elif isinstance(small, cst.Return) and small.value is not None:
-            value = small.value
-        else:
-            raise Refused("the statement is no assignment to one name or return of one value")
-        if not made_by_op(value):
-            raise Refused(f"the statement's value is not what {op} made")
-        atom = isinstance(value, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)) and not value.lpar
-        text = _code(value) if atom else f"({_code(value.with_changes(lpar=[], rpar=[]))})"
-        return _replace(module, value, _expr(f"{text}.contiguous(memory_format={format_of_weight(weight, facts)})"))
-    return rewrite
-
-
 def product_transposed(module: cst.Module, facts: Facts) -> cst.Module:
     """``a @ b`` becomes ``(b.mT @ a.mT).mT`` written with ``transpose(-2, -1)``: each output
     element the same dot product, computed transposed, so the result is a transposed view whose
