@@ -331,9 +331,9 @@ class Fixes:
         step = Step(model, inputs, kwargs or {}, backward=backward, loss_fn=loss_fn)
         timing = {"rounds": rounds, "max_rounds": max_rounds, "budget_s": budget_s}
         self._contiguous_before = _contiguous_groups(step, copy_model(step.model), warmup)
-        self._float64 = verification.runs_in_float64(step, seed)
-        self._rounding = verification.rounding_sensitivity(
-            (self._float64 and verification.in_float64(step)) or step, seed)
+        compared, self._reference = verification.reference_values(step, seed)
+        self._float64 = compared is not step
+        self._rounding = verification.rounding_sensitivity(compared, seed, base=self._reference)
         rows = []
         for n in self._numbers(None):
             p = self._proposals.get(n)
@@ -384,8 +384,10 @@ class Fixes:
                    **self._hotspot_counts(numbers, after),
                    "contiguous_hotspots_before": getattr(self, "_contiguous_before", pd.NA),
                    "contiguous_hotspots_after": _contiguous_groups(step, plain_model, warmup)}
-            with _code_off(code):
-                before_values = verification.step_values(checks[0], seed)
+            before_values = getattr(self, "_reference", None)
+            if before_values is None:
+                with _code_off(code):
+                    before_values = verification.step_values(checks[0], seed)
             after_values = verification.step_values(checks[1], seed, names)
             same = verification.compare_values(before_values, after_values, floor=getattr(self, "_rounding", 0.0))
             if prove and _failed_check({**out, "same_outputs": same.same, "max_rel_diff": same.max_rel_diff}):

@@ -142,7 +142,7 @@ def compare_values(before: dict[str, torch.Tensor], after: dict[str, torch.Tenso
     return Comparison(same, worst_abs, worst_rel, worst)
 
 
-def rounding_sensitivity(step: Step, seed: int = 0) -> float:
+def rounding_sensitivity(step: Step, seed: int = 0, base: dict[str, torch.Tensor] | None = None) -> float:
     """How far rounding alone moves ``step``'s values: the largest relative change of its
     outputs and gradients (as :func:`compare_values` measures) when its floating inputs are
     scaled by 1 + 4 units in the last place of their dtype, times :data:`ROUNDING_FACTOR`, at
@@ -154,7 +154,8 @@ def rounding_sensitivity(step: Step, seed: int = 0) -> float:
         out = t.detach() * (1 + 4 * torch.finfo(t.dtype).eps)
         return out.requires_grad_() if t.requires_grad else out
     model = step.model
-    base = step_values(step.replace(model=copy_model(model)), seed)
+    if base is None:  # the step's own values, where the caller has not computed them already
+        base = step_values(step.replace(model=copy_model(model)), seed)
     moved = step_values(step.replace(model=copy_model(model), inputs=tuple(nudged(t) for t in step.inputs),
                                      kwargs={k: nudged(v) for k, v in step.kwargs.items()}), seed)
     change = compare_values(base, moved).max_rel_diff
@@ -177,19 +178,19 @@ def in_float64(step: Step) -> Step | None:
                         kwargs={k: up(v) for k, v in step.kwargs.items()})
 
 
-def runs_in_float64(step: Step, seed: int = 0) -> bool:
-    """Whether ``step`` runs on the float64 copies of :func:`in_float64`. A model that makes
-    float32 tensors of its own (a coordinate grid, ``.float()``) and mixes them with its
-    activations raises there; its values are then compared in its own dtype, at that dtype's
-    tolerance."""
+def reference_values(step: Step, seed: int = 0) -> tuple[Step, dict[str, torch.Tensor]]:
+    """The step the values are compared on, and the original's values there (:func:`step_values`,
+    computed once per verification): its float64 copy (:func:`in_float64`) where the model runs
+    there, else the step itself on a copy of its model. A model that makes float32 tensors of
+    its own (a coordinate grid, ``.float()``) and mixes them with its activations raises in
+    float64; its values are then compared in its own dtype, at that dtype's tolerance."""
     up = in_float64(step)
-    if up is None:
-        return False
-    try:
-        step_values(up, seed)
-    except RuntimeError:
-        return False
-    return True
+    if up is not None:
+        try:
+            return up, step_values(up.replace(model=copy_model(up.model)), seed)
+        except RuntimeError:
+            pass
+    return step, step_values(step.replace(model=copy_model(step.model)), seed)
 
 
 @dataclass(frozen=True)
