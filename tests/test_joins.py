@@ -538,3 +538,17 @@ def test_a_proved_candidate_that_raises_with_the_other_fixes_is_taken_back(monke
     assert "(attn @ v.transpose(-2, -1))" not in fixes.patch()  # the rewrite is left out of the diff
     assert not fixes.apply(model).set_index("fix").loc[product, "applied"]
     fixes.undo()
+
+
+def zeros_grid(B, H, W):
+    return torch.zeros(B, 2, H, W)
+
+
+def test_a_new_map_made_of_nothing_is_said_to_be_new():
+    torch.manual_seed(0)
+    model = Flow(grid=zeros_grid, meet="cat").to(memory_format=torch.channels_last)
+    fixes = auditor.suggest_fixes(auditor.audit(model, torch.randn(2, 3, 8, 8).contiguous(
+        memory_format=torch.channels_last)))
+    joins = fixes.frame[fixes.frame["pattern"] == "joins"].iloc[0]
+    assert not joins["automatic"]
+    assert joins["reason"].startswith("zeros makes a map (2x2x8x8) from no tensor (a new one) at "), joins["reason"]

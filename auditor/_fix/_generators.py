@@ -782,9 +782,10 @@ def _made_from(c: CauseView) -> str:
     made = "x".join(map(str, outs[0])) if outs else "?"
     what = "a map" if outs and len(outs[0]) == c.rank else "a tensor"
     sources = ", ".join("x".join(map(str, s)) or "a scalar" for s in ins)
-    of = f"from tensors shaped {sources}" if ins else "from no tensor"
+    of = (f"from tensors shaped {sources}, none of them an image of the convolutions," if ins
+          else "from no tensor (a new one)")
     phase = "in backward " if c.view.phase[c.e] != "forward" else ""
-    return f"{op} {phase}makes {what} ({made}) {of}, none of them an image of the convolutions,"
+    return f"{op} {phase}makes {what} ({made}) {of}"
 
 
 def _method_of(fn: types.FunctionType, module_type: str) -> bool:
