@@ -785,6 +785,11 @@ def _short_reason(reason: str) -> str:
     return r.strip()[:160]
 
 
+def _removed(cause: dict) -> bool:
+    """A cause with no fix of its own that the automatic fixes removed, verified."""
+    return cause["verdict"] == REMOVED and _true(cause["verified"])
+
+
 def totals(rows: list[dict]) -> dict:
     models = [r for r in rows if r["row"] == "model"]
     causes = [r for r in rows if r["row"] == "cause"]
@@ -800,9 +805,8 @@ def totals(rows: list[dict]) -> dict:
         "model_errors": sum(m["status"] == "model error" for m in models),
         "causes": len(causes), "automatic": sum(_true(c["automatic"]) for c in causes),
         "verified": sum(_true(c["verified"]) for c in causes),
-        "removed": sum(c["verdict"] == REMOVED and _true(c["verified"]) for c in causes),
-        "by_hand": sum(not _true(c["automatic"]) and not (c["verdict"] == REMOVED and _true(c["verified"]))
-                       for c in causes),
+        "removed": sum(_removed(c) for c in causes),
+        "by_hand": sum(not _true(c["automatic"]) and not _removed(c) for c in causes),
         "changed_outputs": sum(_true(m["changed_outputs"]) for m in run),
         "layout_regressions": sum(_true(m["layout_regression"]) for m in run),
         "contiguous_before": sum(_int(m["contiguous_hotspots_before"]) for m in run),
@@ -858,9 +862,8 @@ def summary(rows: list[dict], settings: str = "") -> str:
         k["causes"] += 1
         k["automatic"] += _true(c["automatic"])
         k["verified"] += _true(c["verified"])
-        removed = c["verdict"] == REMOVED and _true(c["verified"])
-        k["removed"] += removed
-        k["by hand"] += not _true(c["automatic"]) and not removed
+        k["removed"] += _removed(c)
+        k["by hand"] += not _true(c["automatic"]) and not _removed(c)
         k["changed"] += _true(c["changed_outputs"])
     pat_models = {p: len({c["source"] + c["model"] for c in causes if c["pattern"] == p}) for p in pats}
     lines += ["## Per pattern", "", _table(

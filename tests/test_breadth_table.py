@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from test_breadth import _breadth
 
+from auditor._fix import _verify as verification
+
 
 def _cause(pattern, automatic, verified, verdict="", reason=""):
     return {"row": "cause", "model": "m", "source": "s", "pattern": pattern, "automatic": str(automatic),
@@ -14,6 +16,7 @@ def _cause(pattern, automatic, verified, verdict="", reason=""):
 
 def test_a_cause_the_other_fixes_remove_counts_as_verified_and_not_by_hand():
     breadth = _breadth()
+    assert breadth.REMOVED == verification.REMOVED_BY_OTHERS  # the verdict the table reads is verify's
     rows = [_cause("joins", True, True), _cause("joins", False, True, breadth.REMOVED, "by hand; removed by ..."),
             _cause("joins", False, False, "not applied", "by hand: no rewrite"),
             {"row": "model", "model": "m", "source": "s", "family": "f", "status": "ok", "changed_outputs": "False",

@@ -28,6 +28,8 @@ from .._analysis._causes import CauseTracer
 from .._analysis._flow import FlowView
 from .._display._text import short_source
 from .._recording._cells import recorded
+from .._recording._formats import AMBIGUOUS
+from .._recording._rules import VIEW
 from ._keep_format import BROADCAST_SWAPS, CONV_SWAPS, KEEP_FORMAT, SWAPS
 from ._patch import live_functions
 
@@ -760,18 +762,16 @@ def _first_meeting(c: CauseView) -> int | None:
                 if len(rows) == 2 and int(producer[rows[0]]) in chain and _row_in_format(c, rows[1]):
                     return k
                 continue
-            if c.view.kind[k] == "view" or op.startswith("aten._to_copy"):
+            if c.view.kind[k] == VIEW or op.startswith("aten._to_copy"):
                 chain.add(k)
                 todo.append(k)
     return None
 
 
 def _row_in_format(c: CauseView, row: int) -> bool:
-    shape, stride = parse_tuple(c.tracer.shape[row]), parse_tuple(c.view.tensors["strides"].to_numpy()[row])
-    if len(shape) != c.rank or len(stride) != len(shape):
-        return False
-    return torch.empty_strided(shape, stride, device="meta").is_contiguous(
-        memory_format=torch.channels_last if c.rank == 4 else torch.channels_last_3d)
+    """Whether tensor ``row`` is a map of the images' rank dense in the format (its recorded
+    label: contiguous in the format, alone or with the other one)."""
+    return str(c.view.tensors["format"].iat[row]) in (c.cl_name, AMBIGUOUS)
 
 
 def _made_from(c: CauseView) -> str:
@@ -841,13 +841,13 @@ def _joins_fix(c: CauseView) -> Proposal:
                 break
     copied = _copied_map(c)
     if copied == "dense":
-        found.append(_candidate(c, "the copy of the channels_last view dropped", rw.copy_of_permuted()))
+        found.append(_candidate(c, "the copy of the channels_last view dropped", rw.drop_copy_of_permuted))
         if weight:
             found.append(_candidate(c, f"the copy of the channels_last view made in the format of {weight}",
-                                    rw.copy_of_permuted(weight)))
-    if copied == "channels innermost" and weight:
-        found.append(_candidate(c, f"the copy made in the format of {weight}", rw.copy_in_format_of(weight)))
+                                    rw.copy_in_format_of(weight)))
     if copied == "channels innermost":
+        if weight:
+            found.append(_candidate(c, f"the copy made in the format of {weight}", rw.copy_in_format_of(weight)))
         found.append(_candidate(c, f"the copy made in torch.{c.cl_name}, a format-specific edit (code that runs "
                                    f"contiguous copies into {c.cl_name} too)", rw.keep_format_in_copy))
     if any(c.tracer.op[x].startswith(("aten.bmm", "aten.mm", "aten.matmul")) for x in _line_events(c)):

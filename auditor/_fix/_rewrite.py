@@ -794,36 +794,22 @@ def permuted_map_in_nhwc_order(rank: int, weight: str | None = None) -> Callable
     return rewrite
 
 
-def copy_of_permuted(weight: str | None = None) -> Callable[[cst.Module, Facts], cst.Module]:
-    """``x.permute(...).contiguous()`` (or ``.transpose``) whose permuted view is already a dense
-    map in the format, as the recorded strides show: the copy is dropped, the view kept; with
-    ``weight`` (a convolution's weight, as code), the copy is made in that weight's format
-    instead (:func:`format_of_weight`), which is no copy where the model runs channels_last
-    (joins)."""
-    def rewrite(module: cst.Module, facts: Facts) -> cst.Module:
-        found = drop_copy_of_permuted(module, facts, _keep=True)
-        if weight is None:
-            return found[0]
-        call = found[1]
-        return _replace(module, call, _with_memory_format(call, _expr(format_of_weight(weight, facts))))
-    return rewrite
-
-
 def copy_in_format_of(weight: str) -> Callable[[cst.Module, Facts], cst.Module]:
-    """``.contiguous()`` (or a copy into ``contiguous_format``) of a map whose channels lie
-    innermost, as the recorded strides show, made in the format of ``weight`` (a convolution's
-    weight, as code; :func:`format_of_weight`) instead: the same one copy, its output a map in the
-    format the model runs in, and the copy it always made where the model runs contiguous
-    (joins)."""
+    """``.contiguous()`` (or a copy into ``contiguous_format``) of a map, made in the format of
+    ``weight`` (a convolution's weight, as code; :func:`format_of_weight`) instead: no copy where
+    the map is a dense view in the format already and the model runs channels_last, the same one
+    copy into the format where its channels lie innermost but it is not dense, the copy it always
+    made where the model runs contiguous (joins)."""
     def rewrite(module: cst.Module, facts: Facts) -> cst.Module:
         call = _the_one(_find(module, _is_copy_into_contiguous), "copy into contiguous order (.contiguous())")
         return _replace(module, call, _with_memory_format(call, _expr(format_of_weight(weight, facts))))
     return rewrite
 
 
-def drop_copy_of_permuted(module: cst.Module, facts: Facts, _keep: bool = False):
-    """``x.permute(...).contiguous()`` (or ``.transpose``) written as the permuted view alone
-    (joins); the caller checks, from the recorded strides, that the view is a dense map."""
+def drop_copy_of_permuted(module: cst.Module, facts: Facts) -> cst.Module:
+    """``x.permute(...).contiguous()`` (or ``.transpose``) written as the permuted view alone:
+    the copy dropped, where the recorded strides show the view is already a dense map in the
+    format (joins)."""
     def is_copy(node) -> bool:
         if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)
                 and node.func.attr.value == "contiguous" and not node.args):
@@ -833,8 +819,7 @@ def drop_copy_of_permuted(module: cst.Module, facts: Facts, _keep: bool = False)
             "permute", "transpose")
 
     call = _the_one(_find(module, is_copy), ".contiguous() of a permuted view")
-    dropped = _replace(module, call, call.func.value)
-    return (dropped, call) if _keep else dropped
+    return _replace(module, call, call.func.value)
 
 
 _OPERATORS = {"add": (cst.Add, "+"), "mul": (cst.Multiply, "*"), "sub": (cst.Subtract, "-")}
@@ -859,16 +844,14 @@ def meet_in_format(op: str) -> Callable[[cst.Module, Facts], cst.Module]:
     return rewrite
 
 
-def product_transposed(module: cst.Module, facts: Facts) -> cst.Module:
-    """``a @ b`` becomes ``(b.mT @ a.mT).mT`` written with ``transpose(-2, -1)``: each output
-    element the same dot product, computed transposed, so the result is a transposed view whose
-    last dimension (the positions of a map) lies across memory (joins). A factor that is itself
-    ``z.transpose(-2, -1)`` is written ``z``."""
-    def is_product(node) -> bool:
-        return isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.MatrixMultiply)
+def _product(module: cst.Module) -> cst.BinaryOperation:
+    return _the_one(_find(module, lambda n: isinstance(n, cst.BinaryOperation)
+                          and isinstance(n.operator, cst.MatrixMultiply)), "matrix product (a @ b)")
 
-    node = _the_one(_find(module, is_product), "matrix product (a @ b)")
 
+def _transposed_product(node: cst.BinaryOperation) -> str:
+    """``a @ b`` as ``(b.mT @ a.mT).mT``, written with ``transpose(-2, -1)``; a factor that is
+    itself ``z.transpose(-2, -1)`` is written ``z``."""
     def transposed(e: cst.BaseExpression) -> str:
         if isinstance(e, cst.Call) and isinstance(e.func, cst.Attribute) and e.func.attr.value == "transpose":
             values = [_int(a.value) for a in e.args]
@@ -877,8 +860,15 @@ def product_transposed(module: cst.Module, facts: Facts) -> cst.Module:
         text = _code(e)
         simple = _simple(e) or (isinstance(e, cst.Call) and _simple(e.func))
         return f"{text if simple else f'({text})'}.transpose(-2, -1)"
-    text = f"({transposed(node.right)} @ {transposed(node.left)}).transpose(-2, -1)"
-    return _replace(module, node, _expr(text))
+    return f"({transposed(node.right)} @ {transposed(node.left)}).transpose(-2, -1)"
+
+
+def product_transposed(module: cst.Module, facts: Facts) -> cst.Module:
+    """``a @ b`` computed transposed (:func:`_transposed_product`): each output element the same
+    dot product, so the result is a transposed view whose last dimension (the positions of a
+    map) lies across memory (joins)."""
+    node = _product(module)
+    return _replace(module, node, _expr(_transposed_product(node)))
 
 
 def product_transposed_in_format_of(weight: str) -> Callable[[cst.Module, Facts], cst.Module]:
@@ -887,10 +877,7 @@ def product_transposed_in_format_of(weight: str) -> Callable[[cst.Module, Facts]
     that follows is a channels_last view where the model runs channels_last, and rows as before
     where it runs contiguous (joins)."""
     def rewrite(module: cst.Module, facts: Facts) -> cst.Module:
-        node = _the_one(_find(module, lambda n: isinstance(n, cst.BinaryOperation)
-                              and isinstance(n.operator, cst.MatrixMultiply)), "matrix product (a @ b)")
-        transposed = _find(product_transposed(module, facts), lambda n: isinstance(n, cst.Call) and isinstance(
-            n.func, cst.Attribute) and n.func.attr.value == "transpose" and isinstance(n.func.value, cst.BinaryOperation))
-        text = f"({_code(transposed[0])} if {weight_in_format(weight, facts)} else {_code(node)})"
+        node = _product(module)
+        text = f"({_transposed_product(node)} if {weight_in_format(weight, facts)} else {_code(node)})"
         return _replace(module, node, _expr(text))
     return rewrite

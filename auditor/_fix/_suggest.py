@@ -365,14 +365,15 @@ class Fixes:
                 "source": row["source"] if row is not None else "",
                 "estimated_us": self._estimate(numbers)}
         fixed_model = copy_model(step.model)
-        reference = copy_model(step.model)
-        # the values are compared in float64 where the model runs there: float32's rounding, which
-        # a batch norm over a handful of values amplifies, is no change of the math
-        checks = [(self._float64 and verification.in_float64(step.replace(model=m)))
-                  or step.replace(model=copy_model(m)) for m in (reference, fixed_model)]
-        names = verification.parameter_names(checks[1].model)  # a swapped module keeps its Parameters
+        reference = copy_model(step.model)  # timed beside the fixed one
+        # the values are compared in float64 where the model runs there (verify's _reference):
+        # float32's rounding, which a batch norm over a handful of values amplifies, is no change
+        # of the math
+        checked = ((self._float64 and verification.in_float64(step.replace(model=fixed_model)))
+                   or step.replace(model=copy_model(fixed_model)))
+        names = verification.parameter_names(checked.model)  # a swapped module keeps its Parameters
         plain_model = copy_model(step.model)  # run all-contiguous, fixed
-        with _applied([(self, numbers), *extra], fixed_model, checks[1].model, plain_model) as (code, done):
+        with _applied([(self, numbers), *extra], fixed_model, checked.model, plain_model) as (code, done):
             applied = all(done[n][0] for n in numbers)
             reason = "; ".join(dict.fromkeys(done[n][1] for n in numbers if not done[n][0]))
             if not applied:
@@ -384,12 +385,8 @@ class Fixes:
                    **self._hotspot_counts(numbers, after),
                    "contiguous_hotspots_before": getattr(self, "_contiguous_before", pd.NA),
                    "contiguous_hotspots_after": _contiguous_groups(step, plain_model, warmup)}
-            before_values = getattr(self, "_reference", None)
-            if before_values is None:
-                with _code_off(code):
-                    before_values = verification.step_values(checks[0], seed)
-            after_values = verification.step_values(checks[1], seed, names)
-            same = verification.compare_values(before_values, after_values, floor=getattr(self, "_rounding", 0.0))
+            after_values = verification.step_values(checked, seed, names)
+            same = verification.compare_values(self._reference, after_values, floor=self._rounding)
             if prove and _failed_check({**out, "same_outputs": same.same, "max_rel_diff": same.max_rel_diff}):
                 return {**out, "same_outputs": same.same, "max_abs_diff": same.max_abs_diff,
                         "max_rel_diff": same.max_rel_diff,
