@@ -506,6 +506,9 @@ def test_a_product_transposed_where_a_weight_is_channels_last_and_a_cause_its_fi
     assert removed["verdict"] == "removed by the other fixes" and not removed["applied"]
     assert removed["hotspots_after"] == 0 and removed["same_outputs"]
     assert f"removed by the automatic fixes ({product}) made together" in removed["reason"]
+    assert (f"hotspot groups {removed['hotspots_before']} -> 0 once the automatic fixes ({product}) are made "
+            "together; same outputs and gradients") in str(fixes)
+    assert "verdict: removed by the other fixes" in str(fixes)
     assert not fixes.frame.set_index("fix").loc[cat, "automatic"]  # no edit of its own to make
     # what the row claims: with the product's fix made, no hotspot group is left at the cat
     fixes.apply(model, fixes=[product], exposed=False)

@@ -83,6 +83,13 @@ def verification_text(frame: pd.DataFrame) -> str:
             lines.append(f"      a new cause once every fix is made ({r['hotspots_before']} hotspot groups); its fix: "
                          f"{what}")
             continue
+        if r["verdict"] == "removed by the other fixes":  # by hand, and gone with the automatic fixes
+            why, _, made = str(r["reason"]).partition("; removed by the automatic fixes ")
+            lines.append(f"      {why}")
+            lines.append(f"      hotspot groups {r['hotspots_before']} -> 0 once the automatic fixes "
+                         f"{made.partition(' made together')[0]} are made together; same outputs and gradients")
+            lines.append(f"      verdict: {r['verdict']}")
+            continue
         if not r["applied"]:
             lines.append(f"      not applied: {r['reason']}")
             continue
