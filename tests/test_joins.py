@@ -129,7 +129,8 @@ def test_a_candidate_that_hurts_the_contiguous_run_is_dropped_and_never_shown(tr
 
 class BadCandidate(nn.Module):
     """A reshape of a (B, c, N) tensor into (B, C, H, W) whose N is not H·W of the map: the
-    shapes do not admit the NHWC-order candidate, so none is proposed."""
+    shapes do not admit the tokens-to-map candidate, so it is not proposed; the chain's gather
+    in NHWC order, exact for any chain of reshapes and transposes, is."""
 
     def __init__(self):
         super().__init__()
@@ -144,12 +145,18 @@ class BadCandidate(nn.Module):
         return self.conv2(x)
 
 
-def test_no_candidate_where_the_recorded_shapes_do_not_make_the_map():
+def test_no_tokens_to_map_candidate_where_the_recorded_shapes_do_not_make_the_map():
     torch.manual_seed(0)
     model, x, fixes = _fixes(BadCandidate(), torch.randn(2, 3, 4, 4))
     joins = fixes.frame[fixes.frame["pattern"] == "joins"]
-    for p in (fixes._proposals[int(n)] for n in joins["fix"]):
-        assert not any("NHWC" in c.label for c in p.extra.get("candidates", []))
+    assert len(joins) == 1
+    n = int(joins["fix"].iloc[0])
+    labels = [c.label for c in fixes._proposals[n].extra.get("candidates", [])]
+    assert not any("map written in NHWC order" in label for label in labels)
+    assert len(labels) == 1 and _CHAIN in labels[0]
+    table = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=2)
+    row = table[(table["kind"] == "fix") & (table["fix"] == n)].iloc[0]
+    assert row["applied"] and row["same_outputs"] and row["hotspots_after"] == 0, row["reason"]
 
 
 class StridedCopy(nn.Module):
@@ -555,3 +562,111 @@ def test_a_new_map_made_of_nothing_is_said_to_be_new():
     joins = fixes.frame[fixes.frame["pattern"] == "joins"].iloc[0]
     assert not joins["automatic"]
     assert joins["reason"].startswith("zeros makes a map (2x2x8x8) from no tensor (a new one) at "), joins["reason"]
+
+
+class FoldOverStatements(nn.Module):
+    """A map cut into patches of tokens and folded back over three statements, as MobileViT
+    writes it: the channels merged with the batch on the way, so no one statement makes the map."""
+
+    def __init__(self, c=8, p=2):
+        super().__init__()
+        self.p = p
+        self.conv1 = nn.Conv2d(3, c, 3, padding=1)
+        self.norm = nn.LayerNorm(c)
+        self.conv2 = nn.Conv2d(c, c, 3, padding=1)
+
+    def forward(self, x):
+        x = self.conv1(x)
+        B, C, H, W = x.shape
+        ph = pw = self.p
+        nh, nw = H // ph, W // pw
+        x = x.reshape(B * C * nh, ph, nw, pw).transpose(1, 2)
+        x = x.reshape(B, C, nh * nw, ph * pw).transpose(1, 3).reshape(B * ph * pw, nh * nw, -1)
+        x = self.norm(x)
+        x = x.contiguous().view(B, ph * pw, nh * nw, -1)
+        x = x.transpose(1, 3).reshape(B * C * nh, nw, ph, pw)
+        # [B * C * nh, nw, ph, pw] -> [B, C, H, W]
+        x = x.transpose(1, 2).reshape(B, C, nh * ph, nw * pw)
+        return self.conv2(x)
+
+
+class ProductFold(nn.Module):
+    """Blocks of a map attended to by heads, the product folded back into a map over three
+    statements (HaloNet's attention): the map the product makes is normalised first, so the
+    cause is at the norm and the fold a few ops before it."""
+
+    def __init__(self, c=8, heads=2, bs=2):
+        super().__init__()
+        self.heads, self.bs = heads, bs
+        self.q = nn.Conv2d(3, c, 1)
+        self.norm = nn.BatchNorm2d(c)
+        self.out = nn.Conv2d(c, c, 3, padding=1)
+
+    def forward(self, x):
+        B, _, H, W = x.shape
+        bs, h = self.bs, self.heads
+        nh, nw = H // bs, W // bs
+        q = self.q(x).reshape(B * h, -1, nh, bs, nw, bs).permute(0, 2, 4, 3, 5, 1).reshape(B * h, nh * nw, bs * bs, -1)
+        attn = (q @ q.transpose(-1, -2)).softmax(-1)
+        out = (attn @ q).transpose(1, 3)
+        out = out.reshape(-1, bs, bs, nh, nw)
+        out = out.permute(0, 3, 1, 4, 2).contiguous().view(B, -1, H, W)
+        return self.out(self.norm(out))
+
+
+def fold_tokens(x, B, C, nh, nw, ph, pw):
+    x = x.contiguous().view(B, ph * pw, nh * nw, -1)
+    x = x.transpose(1, 3).reshape(B * C * nh, nw, ph, pw)
+    x = x.transpose(1, 2).reshape(B, C, nh * ph, nw * pw)
+    return x
+
+
+class FoldInAFunction(FoldOverStatements):
+    """The fold in a free function: no convolution weight in reach to tell the format."""
+
+    def forward(self, x):
+        x = self.conv1(x)
+        B, C, H, W = x.shape
+        ph = pw = self.p
+        nh, nw = H // ph, W // pw
+        x = x.reshape(B * C * nh, ph, nw, pw).transpose(1, 2)
+        x = x.reshape(B, C, nh * nw, ph * pw).transpose(1, 3).reshape(B * ph * pw, nh * nw, -1)
+        return self.conv2(fold_tokens(self.norm(x), B, C, nh, nw, ph, pw))
+
+
+_CHAIN = "reshapes and permutes gathered in NHWC order in one copy"
+
+
+@pytest.mark.parametrize("model, before, gather", [
+    (FoldOverStatements, [],
+     "x = x.reshape(B, ph, pw, (nh * nw) // nw, nw, C).permute(0, 3, 1, 4, 2, 5).reshape(B, nh * ph, nw * pw, C)"),
+    (ProductFold, ["out = attn @ q"],
+     "out = out.reshape(B, out.shape[0] // B, nh, nw, bs, bs, out.shape[3]).permute(0, 2, 4, 3, 5, 1, 6)"),
+])
+def test_a_fold_over_statements_is_gathered_in_nhwc_order_where_a_weight_is_channels_last(model, before, gather):
+    """Each factor named by the source's own sizes (the input is 8×12, so no two coincide by
+    chance); the statements kept as they were where the weight is contiguous, and proved on the
+    model: the same values, the cause's groups gone, the contiguous run no worse. An input that
+    is no name (a product) is assigned first, so both branches read it."""
+    torch.manual_seed(0)
+    model, x, fixes = _fixes(model(), torch.randn(2, 3, 8, 12))
+    chained = [(int(r.fix), c) for r in fixes.frame.itertuples()
+               for c in fixes._proposals[r.fix].extra.get("candidates", []) if _CHAIN in c.label]
+    assert chained, fixes.frame[["pattern", "line", "reason"]].to_string()
+    n, candidate = chained[0]
+    lines = [line.strip() for line in candidate.suggestion.splitlines()]
+    k = len(before)
+    assert lines[:k] == before and lines[k].startswith("if ((_w := self.") and lines[k + 1].startswith(gather)
+    assert lines[k + 1].endswith(".permute(0, 3, 1, 2)") and lines[k + 2] == "else:"
+    table = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=2)
+    row = table[(table["kind"] == "fix") & (table["fix"] == n)].iloc[0]
+    assert row["applied"] and row["same_outputs"] and row["hotspots_after"] == 0, row["reason"]
+    assert row["contiguous_hotspots_after"] <= row["contiguous_hotspots_before"]
+    assert fixes.frame.loc[fixes.frame["fix"] == n, "automatic"].iloc[0]
+
+
+def test_a_fold_with_no_weight_in_reach_gets_no_chain_candidate():
+    torch.manual_seed(0)
+    _, _, fixes = _fixes(FoldInAFunction(), torch.randn(2, 3, 8, 12))
+    labels = [c.label for r in fixes.frame.itertuples() for c in fixes._proposals[r.fix].extra.get("candidates", [])]
+    assert not any(_CHAIN in label for label in labels)

@@ -584,10 +584,11 @@ class Candidate:
 
 
 def _candidate(c: CauseView, label: str, rewrite: Callable, at: tuple[str, int] | None = None,
-               before: int = 0) -> Candidate | None:
+               before: int = 0, span: int = 1) -> Candidate | None:
     """``rewrite`` of ``c``'s statement (or of the statement at ``at``, a (file, line) the
-    cause's data reaches), given with the ``before`` statements before it in its block, or None
-    where the statements do not have the shape the rewrite needs."""
+    cause's data reaches), given with the ``before`` statements before it in its block (or the
+    ``span`` statements from it on), or None where the statements do not have the shape the
+    rewrite needs."""
     from libcst import ParserSyntaxError
 
     from . import _rewrite as rw
@@ -603,6 +604,8 @@ def _candidate(c: CauseView, label: str, rewrite: Callable, at: tuple[str, int] 
             if at_first < before:
                 return None
             statement = rw.statements_from(path, starts[at_first - before], before + 1)
+        elif span > 1:
+            statement = rw.statements_from(path, statement.first, span)
         fns = _functions(path, lineno)
         if not fns:
             return None
@@ -717,20 +720,23 @@ def _copied_map(c: CauseView) -> str | None:
     return found
 
 
-def _weight_in_reach(c: CauseView, fns: list[types.FunctionType]) -> str | None:
-    """A convolution weight the cause's line can read as ``self.<path>.weight``: of a
-    convolution that ran inside the module the line ran in (the one the cause's map feeds
-    first, else the one that made its input, else any), where the line is in a method of that
-    module. Its layout is the format the model runs in."""
-    if not fns or not all(_method_of(fn, c.module_type) for fn in fns):
+def _weight_in_reach(c: CauseView, fns: list[types.FunctionType], at: int | None = None) -> str | None:
+    """A convolution weight the cause's line (or event ``at``'s line) can read as
+    ``self.<path>.weight``: of a convolution that ran inside the module the line ran in (the
+    one the map feeds first, else the one that made its input, else any), where the line is in
+    a method of that module. Its layout is the format the model runs in."""
+    e = c.forward if at is None else at
+    view = c.view
+    own, own_type = (c.module, c.module_type) if at is None else (view.module[e], view.ops["module_type"].iat[e])
+    if not fns or not all(_method_of(fn, str(own_type)) for fn in fns):
         return None
-    view, own = c.view, str(c.module)
+    own = str(own)
     prefix = "" if own in ("", "<root>") else own + "."
     inside = [int(x) for x in np.flatnonzero(view.is_conv & (view.phase == "forward"))
               if str(view.module[int(x)]).startswith(prefix) and str(view.module[int(x)]) not in ("", "<root>")]
     if not inside:
         return None
-    down, up = view.downstream_convs(c.forward), view.upstream_convs(c.forward)
+    down, up = view.downstream_convs(e), view.upstream_convs(e)
     chosen = next((x for x in inside if x in down), None) or next((x for x in reversed(inside) if x in up), None) \
         or inside[0]
     path = str(view.module[chosen])[len(prefix):]
@@ -855,6 +861,8 @@ def _joins_fix(c: CauseView) -> Proposal:
         if weight:
             found.append(_candidate(c, f"the product computed transposed where {weight} is {c.cl_name}",
                                     rw.product_transposed_in_format_of(weight)))
+    if not found or all(x is None for x in found):
+        found += _chain_candidates(c)
     meets = _first_meeting(c)
     if meets is not None:
         where_k = _where(str(c.view.source[meets]))
@@ -872,6 +880,148 @@ def _joins_fix(c: CauseView) -> Proposal:
                                  "or drops them")
     return c.proposal(EDIT, c.row.fix, line=line, reason=f"{_made_from(c)} at {where}, and no rewrite of its "
                                                          "statement is known to make it a map in the format")
+
+
+#: the ops a reshape or view is recorded as (a reshape that copies: a clone, then this)
+_VIEWS = ("aten.view.default", "aten._unsafe_view.default")
+
+
+def _chain_candidates(c: CauseView) -> list[Candidate]:
+    """The map the cause's tensor is, or was made from a few ops before (a pool, a view),
+    where a chain of reshapes and permutes over several statements folds it out of tokens:
+    the chain gathered in NHWC order in one copy, where a convolution weight in reach is in the
+    format (:func:`._rewrite.chain_in_format_of`), proposed as a candidate. None where the
+    recorded shapes show no permutation of factors, or no weight is in reach."""
+    from . import _chain
+    from . import _rewrite as rw
+
+    seen = set()
+    for anchor in _made_before(c, steps=3):
+        path, line = _where(str(c.view.source[anchor]))
+        if path is None or (path, line) in seen:
+            continue
+        seen.add((path, line))
+        try:
+            statement, parts = rw.chain_around(path, line)
+        except rw.Refused:
+            continue
+        steps = [s for p in parts for s in p.steps]
+        name = rw._code(parts[0].base) if rw._simple(parts[0].base) else parts[-1].target
+        chains = []
+        for module in dict.fromkeys(str(m) for m in c.view.module[_span_events(c, statement, anchor)]):
+            found = _chain_of(c, statement, steps, module, name)
+            if found is not None:
+                chains.append(found)
+        if not chains or any(len(ch.dims) != c.rank for _, _, ch in chains):
+            continue
+        if not all(_chain.gathers_the_same(shape, numeric, ch) for shape, numeric, ch in chains):
+            continue
+        weight = _weight_in_reach(c, _functions(path, line), at=anchor)
+        if weight is None:
+            continue
+        _, _, widest = max(chains, key=lambda x: len(x[2].order))
+        text = _chain.nhwc_text(widest)
+        where = f"the {len(parts)} statements'" if len(parts) > 1 else "the statement's"
+        label = (f"{where} reshapes and permutes gathered in NHWC order in one copy, where {weight} is "
+                 f"{c.cl_name}")
+        found = _candidate(c, label, rw.chain_in_format_of(text, weight), at=(path, statement.first), span=len(parts))
+        return [found] if found is not None else []
+    return []
+
+
+def _made_before(c: CauseView, steps: int) -> list[int]:
+    """The cause's forward event, then the events that made its first input, ``steps`` back."""
+    out, e = [c.forward], c.forward
+    producer = c.tracer.graph.producer
+    for _ in range(steps):
+        rows = [r for r in c.tracer._rows(e) if not c.tracer.is_out[r]]
+        if not rows or int(producer[rows[0]]) < 0:
+            break
+        e = int(producer[rows[0]])
+        out.append(e)
+    return out
+
+
+def _span_events(c: CauseView, statement, anchor: int) -> np.ndarray:
+    """The forward reshapes and views recorded on ``statement``'s lines, by modules of the
+    anchor's type (every block that runs the chain)."""
+    view = c.view
+    path = statement.path
+    lines = {f"{path}:{k}" for k in range(statement.first, statement.last + 1)}
+    sources = np.array([recorded(str(s)) in lines for s in view.source]) if len(view.source) else np.zeros(0, bool)
+    types_ = view.ops["module_type"].astype(str).to_numpy()
+    ops = view.op.astype(str) if hasattr(view.op, "astype") else np.asarray(view.op, dtype=str)
+    return np.flatnonzero(sources & (view.phase == "forward") & (types_ == str(types_[anchor]))
+                          & np.isin(ops, _VIEWS))
+
+
+def _chain_of(c: CauseView, statement, steps: list, module: str, name: str):
+    """(input shape, steps with sizes, :class:`._chain.Chain`) of the chain as ``module`` ran
+    it, its reshapes' sizes those recorded (its last run's); None where they do not fit."""
+    from . import _chain
+
+    view = c.view
+    events = [int(x) for x in _span_events(c, statement, int(np.flatnonzero(view.module == module)[0]))
+              if str(view.module[int(x)]) == module]
+    written = [s for s in steps if s[0] == "reshape"]
+    if len(events) < len(written) or not written:
+        return None
+    events = events[-len(written):]
+    if not _copies(c, events[-1], statement):
+        return None  # a chain of views makes no copy: gathered in NHWC order it would make one
+    numeric, k = [], 0
+    shape = None
+    for s in steps:
+        if s[0] == "contiguous":
+            continue
+        if s[0] != "reshape":
+            numeric.append(s)
+            continue
+        ins, outs = c.shapes(events[k])
+        if len(ins) != 1 or len(outs) != 1 or len(outs[0]) != len(s[1]):
+            return None
+        if any(w is not None and w.lstrip("-").isdigit() and int(w) != n for w, n in zip(s[1], outs[0])):
+            return None
+        if shape is None:  # the chain's input: the first reshape's, its permutes before undone
+            shape = tuple(ins[0])
+            for p in reversed(numeric):
+                shape = _unpermute(shape, p)
+        numeric.append(("reshape", tuple(outs[0]), list(s[1])))
+        k += 1
+    try:
+        return shape, numeric, _chain.build(name, shape, numeric)
+    except _chain.NotAPermutation:
+        return None
+
+
+#: the ops a chain of reshapes, views, transposes and permutes is recorded as
+_MOVES = ("aten.view.default", "aten._unsafe_view.default", "aten.clone.default", "aten.transpose.int",
+          "aten.permute.default")
+
+
+def _copies(c: CauseView, last: int, statement) -> int:
+    """How many copies the chain ending at event ``last`` makes: its recorded ops followed
+    back from ``last`` while they are moves on the chain's statements."""
+    lines = {f"{statement.path}:{k}" for k in range(statement.first, statement.last + 1)}
+    producer = c.tracer.graph.producer
+    n, e = 0, last
+    while e >= 0 and str(c.view.op[e]) in _MOVES and recorded(str(c.view.source[e])) in lines:
+        n += str(c.view.op[e]) == "aten.clone.default"
+        rows = [r for r in c.tracer._rows(e) if not c.tracer.is_out[r]]
+        e = int(producer[rows[0]]) if rows else -1
+    return n
+
+
+def _unpermute(shape: tuple[int, ...], step: tuple) -> tuple[int, ...]:
+    order = list(range(len(shape)))
+    if step[0] == "transpose":
+        order[step[1]], order[step[2]] = order[step[2]], order[step[1]]
+    else:
+        order = [o % len(shape) for o in step[1]]
+    out = [0] * len(shape)
+    for i, o in enumerate(order):
+        out[o] = shape[i]
+    return tuple(out)
 
 
 @register_fix(patterns.NO_CL_KERNEL.name, patterns.RESHAPE_MERGE.name, patterns.CONV_NO_KERNEL.name,

@@ -610,6 +610,7 @@ def flatten_in_memory_order(module: cst.Module, facts: Facts) -> cst.Module:
     return _replace_all(module, [(inner, new_inner), (outer, new_outer)])
 
 
+@functools.cache  # one rewrite for one argument: two causes of one statement rewrite it once
 def shuffle_by_torch(params: tuple[str, str]) -> Callable[[cst.Module, Facts], cst.Module]:
     """The rewrite of a channel shuffle function's body (``x.view -> transpose -> .contiguous()
     -> view``) into ``return torch.nn.functional.channel_shuffle(x, groups)``, whose values are
@@ -671,6 +672,7 @@ def weight_in_format(weight: str, facts: Facts) -> str:
     return f"(({w} := {weight}).stride(1) == 1 and ({w}.shape[1] == 1 or {w}.stride(-1) > 1))"
 
 
+@functools.cache  # one rewrite for one argument: two causes of one statement rewrite it once
 def map_in_nhwc_order(rank: int, weight: str | None = None) -> Callable[[cst.Module, Facts], cst.Module]:
     """The rewrite of ``x.reshape(B, C, H, W)`` of a tensor ``x`` of ``rank`` dimensions laid
     out (B, c1 .. ck, N), with N = H·W and c1·..·ck = C (as the recorded shapes show), into
@@ -718,6 +720,7 @@ def _is_reshape_of(count: int) -> Callable[[cst.CSTNode], bool]:
     return test
 
 
+@functools.cache  # one rewrite for one argument: two causes of one statement rewrite it once
 def split_map_in_nhwc_order(k: int, rank: int) -> Callable[[cst.Module, Facts], cst.Module]:
     """The rewrite of ``x.reshape(B, c1 .. ck, s1 .. sm)`` of a map ``x`` (B, C, H, W), with
     c1·..·ck = C and s1·..·sm = H·W as the recorded shapes show, into ``x.permute(0, 2, 3,
@@ -748,6 +751,7 @@ def split_map_in_nhwc_order(k: int, rank: int) -> Callable[[cst.Module, Facts], 
     return rewrite
 
 
+@functools.cache  # one rewrite for one argument: two causes of one statement rewrite it once
 def permuted_map_in_nhwc_order(rank: int, weight: str | None = None) -> Callable[[cst.Module, Facts], cst.Module]:
     """The rewrite of ``y.permute(p0, p1, .., pr).reshape(B, C, H, W)`` whose permuted second
     dimension alone is the channels (as the recorded shapes show) into ``y.permute(p0, p2, ..,
@@ -794,6 +798,7 @@ def permuted_map_in_nhwc_order(rank: int, weight: str | None = None) -> Callable
     return rewrite
 
 
+@functools.cache  # one rewrite for one argument: two causes of one statement rewrite it once
 def copy_in_format_of(weight: str) -> Callable[[cst.Module, Facts], cst.Module]:
     """``.contiguous()`` (or a copy into ``contiguous_format``) of a map, made in the format of
     ``weight`` (a convolution's weight, as code; :func:`format_of_weight`) instead: no copy where
@@ -825,6 +830,7 @@ def drop_copy_of_permuted(module: cst.Module, facts: Facts) -> cst.Module:
 _OPERATORS = {"add": (cst.Add, "+"), "mul": (cst.Multiply, "*"), "sub": (cst.Subtract, "-")}
 
 
+@functools.cache  # one rewrite for one argument: two causes of one statement rewrite it once
 def meet_in_format(op: str) -> Callable[[cst.Module, Facts], cst.Module]:
     """The one ``a + b`` (or ``*``, ``-``) of the statement, where ``a`` is a tensor made of no
     image and ``b`` an image, written ``a.contiguous(memory_format=<b's format>) + b``: the same
@@ -871,6 +877,7 @@ def product_transposed(module: cst.Module, facts: Facts) -> cst.Module:
     return _replace(module, node, _expr(_transposed_product(node)))
 
 
+@functools.cache  # one rewrite for one argument: two causes of one statement rewrite it once
 def product_transposed_in_format_of(weight: str) -> Callable[[cst.Module, Facts], cst.Module]:
     """:func:`product_transposed` where ``weight`` (a convolution's weight, as code) is laid out
     in the format (:func:`weight_in_format`), the product as it was where it is not: the map
@@ -880,4 +887,142 @@ def product_transposed_in_format_of(weight: str) -> Callable[[cst.Module, Facts]
         node = _product(module)
         text = f"({_transposed_product(node)} if {weight_in_format(weight, facts)} else {_code(node)})"
         return _replace(module, node, _expr(text))
+    return rewrite
+
+
+# -- a chain of reshapes over statements ---------------------------------------------------------
+
+#: the methods a chain of reshapes is made of: each moves elements, none computes
+_CHAIN_METHODS = frozenset({"reshape", "view", "transpose", "permute", "contiguous"})
+
+
+@dataclass(frozen=True)
+class ChainStatement:
+    """``target = base.m1(..).m2(..)``: a statement of a chain, its steps as written
+    (``("reshape", [size as code, or None for -1])``, ``("permute", order)``, ``("transpose",
+    a, b)``, ``("contiguous",)``), first to last."""
+
+    target: str
+    base: cst.BaseExpression
+    steps: tuple
+
+
+def _chain_statement(node: cst.CSTNode) -> ChainStatement | None:
+    if not (isinstance(node, cst.SimpleStatementLine) and len(node.body) == 1 and isinstance(node.body[0], cst.Assign)):
+        return None
+    assign = node.body[0]
+    if len(assign.targets) != 1 or not isinstance(assign.targets[0].target, cst.Name):
+        return None
+    steps, e = [], assign.value
+    while isinstance(e, cst.Call) and isinstance(e.func, cst.Attribute) and e.func.attr.value in _CHAIN_METHODS:
+        step = _chain_step(e)
+        if step is None:
+            return None
+        steps.append(step)
+        e = e.func.value
+    if not steps:
+        return None
+    return ChainStatement(assign.targets[0].target.value, e, tuple(reversed(steps)))
+
+
+def _chain_step(call: cst.Call) -> tuple | None:
+    name = call.func.attr.value
+    args = [a for a in call.args if a.keyword is None and not a.star]
+    if len(args) != len(call.args):
+        return None
+    if name == "contiguous":
+        return ("contiguous",) if not args else None
+    if name in ("permute", "transpose"):
+        values = [_int(a.value) for a in args]
+        if len(values) == 1:
+            values = list(_ints(args[0].value) or [None])
+        if not values or None in values or (name == "transpose" and len(values) != 2):
+            return None
+        return (name, *values) if name == "transpose" else (name, tuple(values))
+    if len(args) == 1:
+        if not isinstance(args[0].value, (cst.Tuple, cst.List)):
+            return None  # x.view(dtype), or a flat view
+        values = [e.value for e in args[0].value.elements]
+    else:
+        values = [a.value for a in args]
+    return ("reshape", tuple(None if _int(v) == -1 else _code(v) for v in values))
+
+
+def _parsed(statement: Statement) -> list[cst.CSTNode]:
+    indent = _indent(statement.text)
+    module = cst.parse_module(_WRAPPER + statement.text if indent else statement.text)
+    body, _ = _statement_of(module)
+    return list(body.body)
+
+
+def chain_around(path: str, line: int) -> tuple[Statement, list[ChainStatement]]:
+    """The longest run of statements around ``line``, one after the other in its block, each
+    ``x = x.<reshapes, transposes, permutes>`` of the name the one before assigns (the first of
+    any tensor): a chain of moves of one tensor's elements, and its statements."""
+    from libcst import ParserSyntaxError
+
+    starts = statement_starts(path)
+    here = statement_at(path, line)
+    at = starts.index(here.first)
+
+    def parts(k: int) -> ChainStatement | None:
+        try:
+            nodes = _parsed(statement_at(path, starts[k]))
+        except (Refused, ParserSyntaxError):
+            return None
+        return _chain_statement(nodes[0]) if len(nodes) == 1 else None
+
+    def follows(before: ChainStatement, after: ChainStatement) -> bool:
+        return (isinstance(after.base, cst.Name) and after.base.value == before.target == after.target)
+
+    own = parts(at)
+    if own is None:
+        raise Refused("this line is no x = x.reshape(..) / .transpose(..) / .permute(..) chain")
+    chain, first = [own], at
+    while first > 0 and (p := parts(first - 1)) is not None and follows(p, chain[0]):
+        try:
+            statements_from(path, starts[first - 1], len(chain) + 1)
+        except Refused:
+            break
+        chain.insert(0, p)
+        first -= 1
+    while first + len(chain) < len(starts) and (n := parts(first + len(chain))) is not None and follows(chain[-1], n):
+        try:
+            statements_from(path, starts[first], len(chain) + 1)
+        except Refused:
+            break
+        chain.append(n)
+    return statements_from(path, starts[first], len(chain)), chain
+
+
+@functools.cache  # one rewrite for one argument: two causes of one statement rewrite it once
+def chain_in_format_of(nhwc: str, weight: str) -> Callable[[cst.Module, Facts], cst.Module]:
+    """The statements of a chain (:func:`chain_around`) kept as they are where ``weight`` (a
+    convolution's weight, as code) is contiguous, and replaced where it is in the format by
+    ``nhwc``: the same map gathered from the chain's input in one copy in NHWC order, a
+    channels_last view (joins: tokens folded into a map over several statements). An input
+    that is no name is first assigned to the chain's target, so both branches read it."""
+    def rewrite(module: cst.Module, facts: Facts) -> cst.Module:
+        body, _ = _statement_of(module)
+        nodes = list(body.body)
+        parts = [_chain_statement(n) for n in nodes]
+        if None in parts:
+            raise Refused("the statements are no chain of reshapes")
+        target, base = parts[-1].target, parts[0].base
+        before = []
+        if not _simple(base):
+            before = [cst.parse_statement(f"{target} = {_code(base.with_changes(lpar=[], rpar=[]))}")]
+            nodes[0] = _replace(cst.Module([nodes[0]]), base, cst.Name(target)).body[0]
+        test = f"if {weight_in_format(weight, facts)}:\n    {target} = {nhwc}\nelse:\n    pass\n"
+        branch = cst.parse_statement(test)
+        first = nodes[0]
+        branch = branch.with_changes(leading_lines=first.leading_lines,
+                                     orelse=branch.orelse.with_changes(body=branch.orelse.body.with_changes(
+                                         body=[first.with_changes(leading_lines=[]), *nodes[1:]])))
+        new_body = [*before, branch]
+        if before:
+            new_body[0] = new_body[0].with_changes(leading_lines=first.leading_lines)
+            branch = branch.with_changes(leading_lines=[])
+            new_body[1] = branch
+        return module.with_deep_changes(body, body=new_body) if body is not module else module.with_changes(body=new_body)
     return rewrite

@@ -1,0 +1,183 @@
+"""A chain of reshapes, views, transposes and permutes of one tensor, seen as what it is: one
+permutation of the tensor's sizes split into factors. Written so, the chain can be gathered in
+another order, by the one copy a reshape makes anyway (joins: tokens folded back into a map over
+several statements, as MobileViT and HaloNet write it). Each factor carries the source expression
+that sizes it, so the rewrite holds at every input size, not only the recorded one."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import torch
+
+
+class NotAPermutation(Exception):
+    """The chain is not one permutation of factors of its input's sizes; the message says why."""
+
+
+@dataclass(eq=False)  # factors are told apart by identity: two of one size are two factors
+class Factor:
+    size: int
+    expr: str  #: source code for the size, where the chain's statements run
+    given: bool  #: the expression is one the source wrote (a reshape's argument), not derived
+
+
+_ATOM = re.compile(r"[A-Za-z_][\w.]*(\[\d+\])?|\d+")
+
+
+def _paren(expr: str) -> str:
+    return expr if _ATOM.fullmatch(expr) else f"({expr})"
+
+
+class Chain:
+    """The factors of a tensor ``name`` of ``shape``, in its memory order (:attr:`order`), and
+    the dimensions of the tensor the chain has made of it so far (:attr:`dims`, each a list of
+    factors, outer first). A size of 1 has no factor."""
+
+    def __init__(self, name: str, shape: tuple[int, ...]):
+        self.name = name
+        self.order = [Factor(n, f"{name}.shape[{i}]", False) for i, n in enumerate(shape) if n != 1]
+        it = iter(self.order)
+        self.dims = [[next(it)] if n != 1 else [] for n in shape]
+        self.last_sizes: list[str | None] | None = None  #: the sizes of the last reshape, as written
+
+    def shape(self) -> tuple[int, ...]:
+        return tuple(math.prod(f.size for f in d) for d in self.dims)
+
+    def permute(self, order: tuple[int, ...]) -> None:
+        if sorted(o % len(self.dims) for o in order) != list(range(len(self.dims))):
+            raise NotAPermutation(f"permute{tuple(order)} of a tensor of {len(self.dims)} dimensions")
+        self.dims = [self.dims[o % len(self.dims)] for o in order]
+        self.last_sizes = None
+
+    def transpose(self, a: int, b: int) -> None:
+        order = list(range(len(self.dims)))
+        order[a], order[b] = order[b], order[a]
+        self.permute(tuple(order))
+
+    def reshape(self, sizes: tuple[int, ...], exprs: list[str | None]) -> None:
+        """The recorded ``sizes`` of a reshape written with ``exprs`` (None for -1): each new
+        dimension takes the next factors in order, a factor split where a dimension ends inside
+        it (reshape's row-major rule); the parts are named by the reshape's own arguments where
+        they are one, else as a quotient of expressions."""
+        if math.prod(sizes) != math.prod(self.shape()):
+            raise NotAPermutation(f"a reshape to {tuple(sizes)} of a tensor of {self.shape()}")
+        queue = [f for d in self.dims for f in d]
+        dims: list[list[Factor]] = []
+        for j, (v, e) in enumerate(zip(sizes, exprs)):
+            group: list[Factor] = []
+            have = 1
+            while have < v:
+                f = queue.pop(0)
+                if v % (have * f.size) == 0:
+                    group.append(f)
+                    have *= f.size
+                    continue
+                need = v // have
+                if v % have or f.size % need:
+                    raise NotAPermutation(f"a reshape to {tuple(sizes)} cuts a size of {f.size} into no factors of it")
+                major, minor = self._split(f, need, group, v, e, sizes[j + 1:], exprs[j + 1:])
+                group.append(major)
+                have *= need
+                queue.insert(0, minor)
+            if len(group) == 1 and e is not None and not group[0].given:
+                group[0].expr, group[0].given = e, True  # the source's own name for it
+            dims.append(group)
+        self.dims = dims
+        self.last_sizes = list(exprs)
+
+    def _split(self, f: Factor, need: int, group: list[Factor], v: int, e: str | None,
+               later: tuple[int, ...], later_exprs: list[str | None]) -> tuple[Factor, Factor]:
+        """``f`` cut into its outer part of size ``need`` (ending the dimension ``e`` of size
+        ``v``) and the rest, which the next dimension starts with."""
+        rest = f.size // need
+        # the rest named by the next argument where it is all of that dimension
+        rest_expr = later_exprs[0] if later and later[0] == rest and later_exprs[0] is not None else None
+        if not group and e is not None:
+            major_expr, given = e, True
+        elif rest_expr is not None:
+            major_expr, given = f"{_paren(f.expr)} // {_paren(rest_expr)}", False
+        elif e is not None:
+            major_expr, given = f"{_paren(e)} // {_paren(' * '.join(_paren(g.expr) for g in group))}", False
+        else:
+            raise NotAPermutation("a size is cut where no expression names either part")
+        if rest_expr is None:
+            rest_expr = f"{_paren(f.expr)} // {_paren(major_expr)}"
+        major, minor = Factor(need, major_expr, given), Factor(rest, rest_expr, rest_expr in later_exprs[:1])
+        at = next(i for i, g in enumerate(self.order) if g is f)
+        self.order[at:at + 1] = [major, minor]
+        return major, minor
+
+    def gathered_last(self, first: int) -> tuple[list[int], list[Factor]]:
+        """The permutation of :attr:`order` that puts the factors of the current dimensions in
+        the order of dimensions ``0, first + 1, .., n - 1, first`` (the channels of a map
+        ``first`` = 1 moved last: NHWC), and those factors in that order."""
+        n = len(self.dims)
+        wanted = [d for i in [*range(first), *range(first + 1, n), first] for d in self.dims[i]]
+        return [next(k for k, g in enumerate(self.order) if g is f) for f in wanted], wanted
+
+    def size_exprs(self, order: list[int]) -> list[str]:
+        """The current dimensions' sizes as code, in ``order``: the last reshape's arguments
+        where it made them, else the product of their factors."""
+        out = []
+        for i in order:
+            written = self.last_sizes[i] if self.last_sizes is not None else None
+            if written is not None:
+                out.append(written)
+            elif not self.dims[i]:
+                out.append("1")
+            else:
+                out.append(" * ".join(_paren(f.expr) for f in self.dims[i]))
+        return out
+
+
+def nhwc_text(chain: Chain) -> str:
+    """The chain's result (a map (B, C, *spatial)) computed from its input in one gather in NHWC
+    order: the input cut into its factors, permuted so the channels come last, merged into (B,
+    *spatial, C), and viewed back as (B, C, *spatial), a channels_last view."""
+    rank = len(chain.dims)
+    perm, _ = chain.gathered_last(1)
+    sizes = ", ".join(chain.size_exprs([0, *range(2, rank), 1]))
+    cut = ", ".join(f.expr for f in chain.order)
+    back = ", ".join(map(str, [0, rank - 1, *range(1, rank - 1)]))
+    permute = "" if perm == sorted(perm) else f".permute({', '.join(map(str, perm))})"
+    return f"{chain.name}.reshape({cut}){permute}.reshape({sizes}).permute({back})"
+
+
+#: one step of a chain: ("reshape", sizes, exprs), ("permute", order), ("transpose", a, b)
+Step = tuple
+
+
+def build(name: str, shape: tuple[int, ...], steps: list[Step]) -> Chain:
+    """The chain of ``steps`` from a tensor ``name`` of ``shape``."""
+    chain = Chain(name, shape)
+    for step in steps:
+        if step[0] == "reshape":
+            chain.reshape(step[1], step[2])
+        elif step[0] == "permute":
+            chain.permute(step[1])
+        elif step[0] == "transpose":
+            chain.transpose(step[1], step[2])
+    return chain
+
+
+def gathers_the_same(shape: tuple[int, ...], steps: list[Step], chain: Chain) -> bool:
+    """Whether the NHWC gather of :func:`nhwc_text` takes every element where the steps put it,
+    at the recorded sizes (the index of each element, followed through both)."""
+    x = torch.arange(math.prod(shape)).reshape(shape)
+    y = x
+    for step in steps:
+        if step[0] == "reshape":
+            y = y.reshape(step[1])
+        elif step[0] == "permute":
+            y = y.permute(step[1])
+        elif step[0] == "transpose":
+            y = y.transpose(step[1], step[2])
+    rank = len(chain.dims)
+    perm, wanted = chain.gathered_last(1)
+    spatial = [*range(2, rank), 1]
+    sizes = [math.prod(f.size for f in chain.dims[i]) for i in [0, *spatial]]
+    z = x.reshape([f.size for f in chain.order]).permute(perm).reshape(sizes).permute(0, rank - 1, *range(1, rank - 1))
+    return z.shape == y.shape and bool(torch.equal(z, y))

@@ -1,0 +1,66 @@
+"""A chain of reshapes and permutes over statements, as one permutation of factors (issue 28:
+tokens folded into a map over several statements). The rewrite is written in the source's own
+size expressions, so it must hold at sizes other than the recorded ones."""
+
+import pytest
+import torch
+
+from auditor._fix import _chain
+
+
+def mobilevit_fold(B, C, nph, npw, ph, pw):
+    """MobileViT's fold, as steps with the recorded sizes and the sizes as written."""
+    P, N = ph * pw, nph * npw
+    return (B * P, N, C), [
+        ("reshape", (B, P, N, C), ["B", "patch_area", "num_patches", None]),
+        ("transpose", 1, 3),
+        ("reshape", (B * C * nph, npw, ph, pw), ["B * C * num_patch_h", "num_patch_w", "patch_h", "patch_w"]),
+        ("transpose", 1, 2),
+        ("reshape", (B, C, nph * ph, npw * pw), ["B", "C", "num_patch_h * patch_h", "num_patch_w * patch_w"]),
+    ]
+
+
+def halo_fold(B, h, dv, nh, nw, bs):
+    """HaloNet's fold of the product (B·heads, blocks, bs², dv), the last view's channels -1."""
+    return (B * h, nh * nw, bs * bs, dv), [
+        ("transpose", 1, 3),
+        ("reshape", (B * h * dv, bs, bs, nh, nw), [None, "bs", "bs", "num_h_blocks", "num_w_blocks"]),
+        ("permute", (0, 3, 1, 4, 2)),
+        ("reshape", (B, h * dv, nh * bs, nw * bs), ["B", None, "H // stride", "W // stride"]),
+    ]
+
+
+def _run(x, steps):
+    for s in steps:
+        x = x.reshape(s[1]) if s[0] == "reshape" else x.permute(s[1]) if s[0] == "permute" else x.transpose(s[1], s[2])
+    return x
+
+
+@pytest.mark.parametrize("fold, built, others", [
+    (mobilevit_fold, (2, 5, 4, 3, 2, 2), [(3, 7, 2, 5, 3, 2), (1, 4, 3, 3, 2, 4)]),
+    (halo_fold, (2, 3, 7, 4, 5, 2), [(3, 2, 5, 3, 2, 4), (1, 4, 3, 2, 6, 3)]),
+])
+def test_the_fold_gathered_in_nhwc_order_is_the_same_map_at_every_size(fold, built, others):
+    shape, steps = fold(*built)
+    chain = _chain.build("x", shape, steps)
+    assert _chain.gathers_the_same(shape, steps, chain)
+    text = _chain.nhwc_text(chain)
+    assert text.startswith("x.reshape(") and text.endswith(".permute(0, 3, 1, 2)")
+    for sizes in others:  # the text names sizes, so it holds where they differ from the recorded ones
+        shape, steps = fold(*sizes)
+        if fold is mobilevit_fold:
+            B, C, nph, npw, ph, pw = sizes
+            names = dict(B=B, C=C, num_patch_h=nph, num_patch_w=npw, patch_h=ph, patch_w=pw,
+                         patch_area=ph * pw, num_patches=nph * npw)
+        else:
+            B, h, dv, nh, nw, bs = sizes
+            names = dict(B=B, bs=bs, num_h_blocks=nh, num_w_blocks=nw, H=2 * nh * bs, W=2 * nw * bs, stride=2)
+        x = torch.randn(shape)
+        got = eval(text, {}, {**names, "x": x})
+        assert torch.equal(got, _run(x, steps))
+        assert got.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_a_reshape_that_cuts_a_size_into_no_factors_of_it_is_no_permutation():
+    with pytest.raises(_chain.NotAPermutation, match="no factors"):
+        _chain.build("x", (2, 6, 4), [("reshape", (2, 4, 6), [None, None, None])])
