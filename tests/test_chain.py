@@ -64,3 +64,31 @@ def test_the_fold_gathered_in_nhwc_order_is_the_same_map_at_every_size(fold, bui
 def test_a_reshape_that_cuts_a_size_into_no_factors_of_it_is_no_permutation():
     with pytest.raises(_chain.NotAPermutation, match="no factors"):
         _chain.build("x", (2, 6, 4), [("reshape", (2, 4, 6), [None, None, None])])
+
+
+def mobilevit_unfold(B, C, nph, npw, ph, pw):
+    """MobileViT's unfold of a map (B, C, H, W) into patches of tokens (B·P, N, C)."""
+    return (B, C, nph * ph, npw * pw), [
+        ("reshape", (B * C * nph, ph, npw, pw), ["B * C * num_patch_h", "patch_h", "num_patch_w", "patch_w"]),
+        ("transpose", 1, 2),
+        ("reshape", (B, C, nph * npw, ph * pw), ["B", "C", "num_patches", "patch_area"]),
+        ("transpose", 1, 3),
+        ("reshape", (B * ph * pw, nph * npw, C), ["B * patch_area", "num_patches", None]),
+    ]
+
+
+def test_the_unfold_reads_a_channels_last_map_in_its_memory_order_at_every_size():
+    """The text reads the map permuted to NHWC, a view of channels_last memory, and makes the
+    tokens the chain made, at sizes other than the recorded ones."""
+    shape, steps = mobilevit_unfold(2, 5, 4, 3, 2, 2)
+    chain = _chain.build("x", shape, steps)
+    assert _chain.splits_the_same(shape, steps, chain)
+    text = _chain.split_text(chain, 4)
+    assert text.startswith("x.permute(0, 2, 3, 1).reshape(B, ")
+    for sizes in [(3, 7, 2, 5, 3, 2), (1, 4, 3, 3, 2, 4)]:
+        B, C, nph, npw, ph, pw = sizes
+        shape, steps = mobilevit_unfold(*sizes)
+        x = torch.randn(shape).contiguous(memory_format=torch.channels_last)
+        names = dict(B=B, C=C, num_patch_h=nph, num_patch_w=npw, patch_h=ph, patch_w=pw,
+                     patch_area=ph * pw, num_patches=nph * npw, x=x)
+        assert torch.equal(eval(text, {}, names), _run(x, steps))

@@ -670,3 +670,52 @@ def test_a_fold_with_no_weight_in_reach_gets_no_chain_candidate():
     _, _, fixes = _fixes(FoldInAFunction(), torch.randn(2, 3, 8, 12))
     labels = [c.label for r in fixes.frame.itertuples() for c in fixes._proposals[r.fix].extra.get("candidates", [])]
     assert not any(_CHAIN in label for label in labels)
+
+
+def test_a_map_cut_into_patches_over_statements_is_read_in_its_memory_order_instead_of_a_region():
+    """MobileViT's unfold copies a channels_last map into patches of tokens, its channels merged
+    with the batch: a region fix (the convolutions around it contiguous) until verify proves
+    the chain written to read the map in NHWC order, where it is channels_last. Then the fix is
+    that edit: automatic, no region, no edges."""
+    torch.manual_seed(0)
+    model, x, fixes = _fixes(FoldOverStatements(), torch.randn(2, 3, 8, 12))
+    rows = fixes.frame[fixes.frame["pattern"] == "reshape_merge"]
+    assert len(rows) == 1 and rows["action"].iloc[0] == "keep region contiguous"
+    n = int(rows["fix"].iloc[0])
+    (candidate,) = fixes._proposals[n].extra["candidates"]
+    lines = [line.strip() for line in candidate.suggestion.splitlines()]
+    assert lines[0] == "if x.is_contiguous(memory_format=torch.channels_last):"
+    assert lines[1].startswith("x = x.permute(0, 2, 3, 1).reshape(B, ") and lines[1].endswith(
+        ".reshape(B * ph * pw, nh * nw, C)")
+    table = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=2)
+    row = table[(table["kind"] == "fix") & (table["fix"] == n)].iloc[0]
+    assert row["applied"] and row["same_outputs"] and row["hotspots_after"] == 0, row["reason"]
+    assert row["contiguous_hotspots_after"] <= row["contiguous_hotspots_before"]
+    fixed = fixes.frame.loc[fixes.frame["fix"] == n].iloc[0]
+    assert fixed["action"] == "edit source" and fixed["automatic"] and fixed["region"] == ()
+    assert fixed["added_bytes"] == 0 and fixed["bytes"] == fixed["hotspot_bytes"]
+    assert "x.is_contiguous(memory_format=torch.channels_last)" in fixes.patch([n])
+    assert table[table["kind"] == "all"]["hotspots_after"].iloc[0] == 0
+
+
+def test_a_region_whose_chain_is_not_proved_stays_the_region(monkeypatch):
+    """A candidate that reads the patches in the wrong order changes the values: dropped, and
+    the fix is the region again, as suggest made it, with why the rewrite was not taken."""
+    from auditor._fix import _chain
+
+    right = _chain.split_text
+    monkeypatch.setattr(_chain, "split_text", lambda chain, rank: right(chain, rank).replace(
+        ".permute(0, 2, 4, 1, 3, 5)", ".permute(0, 4, 2, 1, 3, 5)"))
+    torch.manual_seed(0)
+    model, x, fixes = _fixes(FoldOverStatements(), torch.randn(2, 3, 8, 12))
+    n = int(fixes.frame.loc[fixes.frame["pattern"] == "reshape_merge", "fix"].iloc[0])
+    before = fixes.frame.loc[fixes.frame["fix"] == n].iloc[0].copy()
+    assert ".permute(0, 4, 2, 1, 3, 5)" in fixes._proposals[n].extra["candidates"][0].suggestion
+    table = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=2)
+    after = fixes.frame.loc[fixes.frame["fix"] == n].iloc[0]
+    assert after["action"] == "keep region contiguous" and after["suggestion"] == before["suggestion"]
+    assert after["region"] == before["region"]
+    row = table[(table["kind"] == "fix") & (table["fix"] == n)].iloc[0]
+    assert before["automatic"] and after["automatic"]  # the region pays here: made, and verified, as a region
+    assert row["applied"] and row["reason"].startswith("no candidate rewrite proved exact on this model: ")
+    assert "changes the values" in row["reason"] and "the region kept contiguous instead" in row["reason"]

@@ -22,6 +22,7 @@ class Factor:
     size: int
     expr: str  #: source code for the size, where the chain's statements run
     given: bool  #: the expression is one the source wrote (a reshape's argument), not derived
+    dim: int = 0  #: the dimension of the chain's input it is (part of)
 
 
 _ATOM = re.compile(r"[A-Za-z_][\w.]*(\[\d+\])?|\d+")
@@ -38,7 +39,7 @@ class Chain:
 
     def __init__(self, name: str, shape: tuple[int, ...]):
         self.name = name
-        self.order = [Factor(n, f"{name}.shape[{i}]", False) for i, n in enumerate(shape) if n != 1]
+        self.order = [Factor(n, f"{name}.shape[{i}]", False, i) for i, n in enumerate(shape) if n != 1]
         it = iter(self.order)
         self.dims = [[next(it)] if n != 1 else [] for n in shape]
         self.last_sizes: list[str | None] | None = None  #: the sizes of the last reshape, as written
@@ -105,7 +106,8 @@ class Chain:
             raise NotAPermutation("a size is cut where no expression names either part")
         if rest_expr is None:
             rest_expr = f"{_paren(f.expr)} // {_paren(major_expr)}"
-        major, minor = Factor(need, major_expr, given), Factor(rest, rest_expr, rest_expr in later_exprs[:1])
+        major = Factor(need, major_expr, given, f.dim)
+        minor = Factor(rest, rest_expr, rest_expr in later_exprs[:1], f.dim)
         at = next(i for i, g in enumerate(self.order) if g is f)
         self.order[at:at + 1] = [major, minor]
         return major, minor
@@ -131,6 +133,48 @@ class Chain:
             else:
                 out.append(" * ".join(_paren(f.expr) for f in self.dims[i]))
         return out
+
+
+def read_in_nhwc_order(chain: Chain, rank: int) -> tuple[list[Factor], list[int]]:
+    """For a chain whose input is a map (B, C, *spatial): the input's factors in NHWC memory
+    order, and the permutation that takes them to the order of the chain's result."""
+    place = {d: k for k, d in enumerate([0, *range(2, rank), 1])}
+    nhwc = sorted(chain.order, key=lambda f: place[f.dim])  # stable: each dimension's factors keep their order
+    out = [f for d in chain.dims for f in d]
+    return nhwc, [next(k for k, g in enumerate(nhwc) if g is f) for f in out]
+
+
+def split_text(chain: Chain, rank: int) -> str:
+    """The chain's result computed from its input map read in NHWC order: a channels_last map
+    permuted to (B, *spatial, C) is a view of its memory, cut into its factors there (a view),
+    permuted into the result's order and merged into its sizes by the one copy the chain made
+    anyway, reading the map in memory order."""
+    nhwc, perm = read_in_nhwc_order(chain, rank)
+    to_nhwc = ", ".join(map(str, [0, *range(2, rank), 1]))
+    cut = ", ".join(f.expr for f in nhwc)
+    permute = "" if perm == sorted(perm) else f".permute({', '.join(map(str, perm))})"
+    sizes = ", ".join(chain.size_exprs(list(range(len(chain.dims)))))
+    return f"{chain.name}.permute({to_nhwc}).reshape({cut}){permute}.reshape({sizes})"
+
+
+def splits_the_same(shape: tuple[int, ...], steps: list[Step], chain: Chain) -> bool:
+    """Whether :func:`split_text`'s reading takes every element where the steps put it."""
+    rank = len(shape)
+    x = torch.arange(math.prod(shape)).reshape(shape)
+    nhwc, perm = read_in_nhwc_order(chain, rank)
+    z = x.permute(0, *range(2, rank), 1).reshape([f.size for f in nhwc]).permute(perm).reshape(chain.shape())
+    return bool(torch.equal(z, _moved(x, steps)))
+
+
+def _moved(x: torch.Tensor, steps: list[Step]) -> torch.Tensor:
+    for step in steps:
+        if step[0] == "reshape":
+            x = x.reshape(step[1])
+        elif step[0] == "permute":
+            x = x.permute(step[1])
+        elif step[0] == "transpose":
+            x = x.transpose(step[1], step[2])
+    return x
 
 
 def nhwc_text(chain: Chain) -> str:
@@ -167,14 +211,7 @@ def gathers_the_same(shape: tuple[int, ...], steps: list[Step], chain: Chain) ->
     """Whether the NHWC gather of :func:`nhwc_text` takes every element where the steps put it,
     at the recorded sizes (the index of each element, followed through both)."""
     x = torch.arange(math.prod(shape)).reshape(shape)
-    y = x
-    for step in steps:
-        if step[0] == "reshape":
-            y = y.reshape(step[1])
-        elif step[0] == "permute":
-            y = y.permute(step[1])
-        elif step[0] == "transpose":
-            y = y.transpose(step[1], step[2])
+    y = _moved(x, steps)
     rank = len(chain.dims)
     perm, wanted = chain.gathered_last(1)
     spatial = [*range(2, rank), 1]

@@ -901,32 +901,82 @@ def _chain_candidates(c: CauseView) -> list[Candidate]:
         if path is None or (path, line) in seen:
             continue
         seen.add((path, line))
-        try:
-            statement, parts = rw.chain_around(path, line)
-        except rw.Refused:
+        found = _recorded_chain(c, anchor)
+        if found is None:
             continue
-        steps = [s for p in parts for s in p.steps]
-        name = rw._code(parts[0].base) if rw._simple(parts[0].base) else parts[-1].target
-        chains = []
-        for module in dict.fromkeys(str(m) for m in c.view.module[_span_events(c, statement, anchor)]):
-            found = _chain_of(c, statement, steps, module, name)
-            if found is not None:
-                chains.append(found)
-        if not chains or any(len(ch.dims) != c.rank for _, _, ch in chains):
+        statement, parts, chains = found
+        if any(len(ch.chain.dims) != c.rank for ch in chains):
             continue
-        if not all(_chain.gathers_the_same(shape, numeric, ch) for shape, numeric, ch in chains):
+        if not all(_chain.gathers_the_same(ch.shape, ch.steps, ch.chain) for ch in chains):
             continue
         weight = _weight_in_reach(c, _functions(path, line), at=anchor)
         if weight is None:
             continue
-        _, _, widest = max(chains, key=lambda x: len(x[2].order))
-        text = _chain.nhwc_text(widest)
-        where = f"the {len(parts)} statements'" if len(parts) > 1 else "the statement's"
-        label = (f"{where} reshapes and permutes gathered in NHWC order in one copy, where {weight} is "
-                 f"{c.cl_name}")
-        found = _candidate(c, label, rw.chain_in_format_of(text, weight), at=(path, statement.first), span=len(parts))
-        return [found] if found is not None else []
+        text = _chain.nhwc_text(max(chains, key=lambda ch: len(ch.chain.order)).chain)
+        label = (f"{_statements_of(parts)} reshapes and permutes gathered in NHWC order in one copy, where {weight} "
+                 f"is {c.cl_name}")
+        made = _candidate(c, label, rw.chain_in_format_of(text, weight), at=(path, statement.first), span=len(parts))
+        return [made] if made is not None else []
     return []
+
+
+def _split_chain_candidates(c: CauseView) -> list[Candidate]:
+    """Where the cause's copy is made by a chain of reshapes and permutes that cuts a map in the
+    format into tokens (patches), merging its channels with another dimension: the chain
+    reading the map in its memory order (:func:`._chain.split_text`), only where the map is in
+    the format, so a contiguous map keeps the chain it had; a candidate."""
+    from . import _chain
+    from . import _rewrite as rw
+
+    found = _recorded_chain(c, c.forward)
+    if found is None:
+        return []
+    statement, parts, chains = found
+    if any(len(ch.shape) != c.rank or not _in_format(c, ch.first) for ch in chains):
+        return []
+    if not all(_chain.splits_the_same(ch.shape, ch.steps, ch.chain) for ch in chains):
+        return []
+    text = _chain.split_text(max(chains, key=lambda ch: len(ch.chain.order)).chain, c.rank)
+    label = f"{_statements_of(parts)} reshapes and permutes reading the map in its memory order (NHWC)"
+    made = _candidate(c, label, rw.chain_read_in_format(text), at=(statement.path, statement.first), span=len(parts))
+    return [made] if made is not None else []
+
+
+def _statements_of(parts: list) -> str:
+    return f"the {len(parts)} statements'" if len(parts) > 1 else "the statement's"
+
+
+@dataclass(frozen=True)
+class _Run:
+    """One module's run of a chain: its input's shape, its steps with the recorded sizes, the
+    chain they make, and the event of its first reshape."""
+
+    shape: tuple[int, ...]
+    steps: list
+    chain: object
+    first: int
+
+
+def _recorded_chain(c: CauseView, anchor: int):
+    """(the statements, their chain parts, one :class:`_Run` per module that ran them) of the
+    chain of reshapes around event ``anchor``'s line, where every run fits; else None."""
+    from . import _rewrite as rw
+
+    path, line = _where(str(c.view.source[anchor]))
+    if path is None:
+        return None
+    try:
+        statement, parts = rw.chain_around(path, line)
+    except rw.Refused:
+        return None
+    steps = [s for p in parts for s in p.steps]
+    name = rw._code(parts[0].base) if rw._simple(parts[0].base) else parts[-1].target
+    runs = []
+    for module in dict.fromkeys(str(m) for m in c.view.module[_span_events(c, statement, anchor)]):
+        run = _chain_of(c, statement, steps, module, name)
+        if run is not None:
+            runs.append(run)
+    return (statement, parts, runs) if runs else None
 
 
 def _made_before(c: CauseView, steps: int) -> list[int]:
@@ -956,8 +1006,8 @@ def _span_events(c: CauseView, statement, anchor: int) -> np.ndarray:
 
 
 def _chain_of(c: CauseView, statement, steps: list, module: str, name: str):
-    """(input shape, steps with sizes, :class:`._chain.Chain`) of the chain as ``module`` ran
-    it, its reshapes' sizes those recorded (its last run's); None where they do not fit."""
+    """The chain as ``module`` ran it (:class:`_Run`), its reshapes' sizes those recorded (its
+    last run's); None where they do not fit, or it makes no copy."""
     from . import _chain
 
     view = c.view
@@ -989,7 +1039,7 @@ def _chain_of(c: CauseView, statement, steps: list, module: str, name: str):
         numeric.append(("reshape", tuple(outs[0]), list(s[1])))
         k += 1
     try:
-        return shape, numeric, _chain.build(name, shape, numeric)
+        return _Run(shape, numeric, _chain.build(name, shape, numeric), _moves_back(c, events[0], statement)[-1])
     except _chain.NotAPermutation:
         return None
 
@@ -1000,16 +1050,21 @@ _MOVES = ("aten.view.default", "aten._unsafe_view.default", "aten.clone.default"
 
 
 def _copies(c: CauseView, last: int, statement) -> int:
-    """How many copies the chain ending at event ``last`` makes: its recorded ops followed
-    back from ``last`` while they are moves on the chain's statements."""
+    """How many copies the chain ending at event ``last`` makes."""
+    return sum(str(c.view.op[e]) == "aten.clone.default" for e in _moves_back(c, last, statement))
+
+
+def _moves_back(c: CauseView, last: int, statement) -> list[int]:
+    """The recorded ops of a chain, from ``last`` back, while they are moves on the chain's
+    statements (the last of them reads the chain's input)."""
     lines = {f"{statement.path}:{k}" for k in range(statement.first, statement.last + 1)}
     producer = c.tracer.graph.producer
-    n, e = 0, last
+    out, e = [], last
     while e >= 0 and str(c.view.op[e]) in _MOVES and recorded(str(c.view.source[e])) in lines:
-        n += str(c.view.op[e]) == "aten.clone.default"
+        out.append(e)
         rows = [r for r in c.tracer._rows(e) if not c.tracer.is_out[r]]
         e = int(producer[rows[0]]) if rows else -1
-    return n
+    return out or [last]
 
 
 def _unpermute(shape: tuple[int, ...], step: tuple) -> tuple[int, ...]:
@@ -1031,11 +1086,16 @@ def _region_fix(c: CauseView) -> Proposal | None:
     if not region:
         return None
     names = ", ".join(repr(n) for n in region)
-    why = ("a reshape that merges C with another dimension must copy a channels_last tensor"
-           if c.pattern == patterns.RESHAPE_MERGE.name else c.row.fix)
+    merge = c.pattern == patterns.RESHAPE_MERGE.name
+    why = "a reshape that merges C with another dimension must copy a channels_last tensor" if merge else c.row.fix
+    # the chain that makes the copy, read in the map's memory order: an edit verify may prove instead
+    candidates = _split_chain_candidates(c) if merge and c.path else []
+    extra = {"candidates": candidates, "edit_detail": f"{why}: {c.what}; read the map in its memory order"} \
+        if candidates else {}
     return c.proposal(REGION, f"{why}: {c.what}; run the convolutions around it contiguous so no copy is needed "
                               "(or let auditor.plan_layout measure whether that pays)",
-                      suggestion=f"auditor.keep_contiguous(model, [{names}])", region=region, added_bytes=added)
+                      suggestion=f"auditor.keep_contiguous(model, [{names}])", region=region, added_bytes=added,
+                      extra=extra)
 
 
 # -- the data flow around a cause ------------------------------------------------------------------

@@ -1000,8 +1000,23 @@ def chain_in_format_of(nhwc: str, weight: str) -> Callable[[cst.Module, Facts], 
     """The statements of a chain (:func:`chain_around`) kept as they are where ``weight`` (a
     convolution's weight, as code) is contiguous, and replaced where it is in the format by
     ``nhwc``: the same map gathered from the chain's input in one copy in NHWC order, a
-    channels_last view (joins: tokens folded into a map over several statements). An input
-    that is no name is first assigned to the chain's target, so both branches read it."""
+    channels_last view (joins: tokens folded into a map over several statements)."""
+    return _chain_in_branch(nhwc, lambda facts, name: weight_in_format(weight, facts))
+
+
+@functools.cache
+def chain_read_in_format(text: str) -> Callable[[cst.Module, Facts], cst.Module]:
+    """The statements of a chain whose input is a map kept as they are where the map is
+    contiguous, and replaced where it is in the format by ``text``: the same tensor made by
+    reading the map in its memory order, in the one copy the chain made (a reshape that merges
+    the channels with another dimension: a map cut into patches of tokens)."""
+    return _chain_in_branch(text, lambda facts, name: f"{name}.is_contiguous(memory_format={_memory_format(facts)})")
+
+
+def _chain_in_branch(text: str, test: Callable[[Facts, str], str]) -> Callable[[cst.Module, Facts], cst.Module]:
+    """The statements of a chain in the ``else`` of an ``if`` on ``test`` (of the facts and the
+    name the chain's input goes by), whose branch assigns ``text`` to the chain's target. An
+    input that is no name is first assigned to the target, so both branches read it."""
     def rewrite(module: cst.Module, facts: Facts) -> cst.Module:
         body, _ = _statement_of(module)
         nodes = list(body.body)
@@ -1009,12 +1024,12 @@ def chain_in_format_of(nhwc: str, weight: str) -> Callable[[cst.Module, Facts], 
         if None in parts:
             raise Refused("the statements are no chain of reshapes")
         target, base = parts[-1].target, parts[0].base
-        before = []
+        before, name = [], _code(base)
         if not _simple(base):
             before = [cst.parse_statement(f"{target} = {_code(base.with_changes(lpar=[], rpar=[]))}")]
             nodes[0] = _replace(cst.Module([nodes[0]]), base, cst.Name(target)).body[0]
-        test = f"if {weight_in_format(weight, facts)}:\n    {target} = {nhwc}\nelse:\n    pass\n"
-        branch = cst.parse_statement(test)
+            name = target
+        branch = cst.parse_statement(f"if {test(facts, name)}:\n    {target} = {text}\nelse:\n    pass\n")
         first = nodes[0]
         branch = branch.with_changes(leading_lines=first.leading_lines,
                                      orelse=branch.orelse.with_changes(body=branch.orelse.body.with_changes(

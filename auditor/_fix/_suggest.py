@@ -411,9 +411,13 @@ class Fixes:
         check (:func:`_failed_check`) becomes the fix (its edit, its text, automatic), and its row
         is the fix's row; where none does, the fix stays by hand, saying why each failed."""
         candidates = p.extra["candidates"]
+        # a region fix whose copy a rewrite may remove instead: tried as an edit, kept if none is proved
+        region = p.action == REGION
+        kept = (p.action, p.reason, self._row(n)["suggestion"])
         failures = []
         for cand in candidates:
-            p.edit, p.reason = cand.edit, ""
+            p.edit, p.reason, p.action = cand.edit, "", EDIT
+            self._set_row(n, action=EDIT)
             try:
                 row = self._verify_one([n], step, warmup, seed, timing, prove=True)
             except Exception as exc:  # the rewritten code raises on this model
@@ -423,11 +427,25 @@ class Fixes:
                 if not why:
                     p.line, p.suggestion = cand.line, cand.suggestion
                     self._set_row(n, line=cand.line, suggestion=cand.suggestion, automatic=True, reason="")
+                    if region:  # an edit now: no region, no edges to convert
+                        p.region, p.added_bytes, p.detail = (), 0, p.extra.get("edit_detail", p.detail)
+                        self._set_row(n, region=(), added_bytes=0, bytes=int(self._row(n)["hotspot_bytes"]),
+                                      detail=p.detail)
                     return {**row, "reason": f"candidate {cand.label} proved ({len(candidates)} tried)"}
             failures.append(f"{cand.label}: {why}")
         p.edit = None
-        p.reason = "no candidate rewrite proved exact on this model: " + "; ".join(failures)
-        self._set_row(n, automatic=False, reason=p.reason, suggestion="")
+        unproved = "no candidate rewrite proved exact on this model: " + "; ".join(failures)
+        if region:  # the region as it was, by hand or made
+            p.action = kept[0]
+            p.reason = f"{p.extra['region_reason']}; {unproved}" if kept[1] else ""
+            self._set_row(n, action=kept[0], reason=p.reason, suggestion=kept[2], automatic=p.automatic)
+            if p.automatic:
+                row = self._verify_one([n], step, warmup, seed, timing)
+                return {**row, "reason": "; ".join(x for x in (f"{unproved}; the region kept contiguous instead",
+                                                                row["reason"]) if x)}
+        else:
+            p.reason = unproved
+            self._set_row(n, automatic=False, reason=p.reason, suggestion="")
         row = self._row(n)
         return {"kind": "fix", "fix": n, "cause": int(row["cause"]), "pattern": row["pattern"],
                 "source": row["source"], "estimated_us": self._estimate([n]), "applied": False,
@@ -440,6 +458,8 @@ class Fixes:
         """Fix ``n``'s row of :attr:`frame` changed in place (whoever holds the frame sees it)."""
         mask = self.frame["fix"] == n
         for column, value in values.items():
+            if isinstance(value, tuple):  # one cell holds the tuple: pandas would spread it
+                value = pd.Series([value] * int(mask.sum()), index=self.frame.index[mask], dtype=object)
             self.frame.loc[mask, column] = value
 
     def _not_automatic_where_contiguous_hurts(self, rows: list[dict]) -> None:
@@ -814,6 +834,12 @@ def suggest_fixes(audit: Audit) -> Fixes:
                         f"auditor.plan_layout times the model with this region kept contiguous (its candidate "
                         f"'{region_candidate_name(p.region)}') against the uniform layouts, "
                         "and auditor.apply_plan applies it where it measures faster")
+            if p.extra.get("candidates"):
+                p.extra["region_reason"] = p.reason
+                labels = "; ".join(x.label for x in p.extra["candidates"])
+                p.reason += (f"; or {len(p.extra['candidates'])} candidate rewrite"
+                             f"{'s' * (len(p.extra['candidates']) > 1)} ({labels}), exact only for some shapes: "
+                             "Fixes.verify(model, *inputs) proves one on this model or drops them")
         rows.append({"cause": cause.cause, "pattern": cause.pattern, "action": p.action, "module": cause.module,
                      "module_type": cause.module_type, "op": cause.op, "source": cause.source, "line": p.line,
                      "suggestion": p.suggestion, "detail": p.detail, "hotspots": len(mine),
