@@ -820,9 +820,24 @@ def _joins_fix(c: CauseView) -> Proposal:
     makes the map computed transposed), each also in the form that follows the format of a
     convolution weight the line can reach, proposed as candidates that :meth:`Fixes.verify`
     proves on the model; without one, by hand."""
+    where = short_source(c.source) if c.source else c.module
+    candidates = _join_candidates(c)
+    line = linecache.getline(c.path, c.lineno).rstrip("\n") if c.path else ""
+    if candidates:
+        labels = "; ".join(x.label for x in candidates)
+        return c.proposal(EDIT, c.row.fix, line=candidates[0].line, extra={"candidates": candidates},
+                          reason=f"{len(candidates)} candidate rewrite{'s' * (len(candidates) > 1)} ({labels}) "
+                                 "exact only for some shapes: Fixes.verify(model, *inputs) proves one on this model "
+                                 "or drops them")
+    return c.proposal(EDIT, c.row.fix, line=line, reason=f"{_made_from(c)} at {where}, and no rewrite of its "
+                                                         "statement is known to make it a map in the format")
+
+
+def _join_candidates(c: CauseView) -> list[Candidate]:
+    """The candidate rewrites of a join (:func:`_joins_fix`) the recorded shapes and strides
+    allow, in the order verify tries them."""
     from . import _rewrite as rw
 
-    where = short_source(c.source) if c.source else c.module
     found: list[Candidate | None] = []
     weight = _weight_in_reach(c, _functions(c.path, c.lineno)) if c.path else None
     rank = _tokens_to_map_rank(c)
@@ -870,16 +885,7 @@ def _joins_fix(c: CauseView) -> Proposal:
             name = str(c.tracer.op[meets]).removeprefix("aten.").split(".")[0]
             found.append(_candidate(c, f"the new tensor copied into the format of the image it meets in the {name} at "
                                        f"{short_source(c.view.source[meets])}", rw.meet_in_format(name), at=where_k))
-    candidates = [x for x in found if x is not None]
-    line = linecache.getline(c.path, c.lineno).rstrip("\n") if c.path else ""
-    if candidates:
-        labels = "; ".join(x.label for x in candidates)
-        return c.proposal(EDIT, c.row.fix, line=candidates[0].line, extra={"candidates": candidates},
-                          reason=f"{len(candidates)} candidate rewrite{'s' * (len(candidates) > 1)} ({labels}) "
-                                 "exact only for some shapes: Fixes.verify(model, *inputs) proves one on this model "
-                                 "or drops them")
-    return c.proposal(EDIT, c.row.fix, line=line, reason=f"{_made_from(c)} at {where}, and no rewrite of its "
-                                                         "statement is known to make it a map in the format")
+    return [x for x in found if x is not None]
 
 
 #: the ops a reshape or view is recorded as (a reshape that copies: a clone, then this)
