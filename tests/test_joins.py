@@ -719,3 +719,53 @@ def test_a_region_whose_chain_is_not_proved_stays_the_region(monkeypatch):
     assert before["automatic"] and after["automatic"]  # the region pays here: made, and verified, as a region
     assert row["applied"] and row["reason"].startswith("no candidate rewrite proved exact on this model: ")
     assert "changes the values" in row["reason"] and "the region kept contiguous instead" in row["reason"]
+
+
+class Correlator:
+    """A plain object a module calls (RAFT's CorrBlock): rows (B, H, W, C) returned as a map,
+    copied into contiguous order. Its ``self`` holds no weight to tell the format."""
+
+    def features(self, rows):
+        return torch.cat([rows, rows * 2], dim=-1).permute(0, 3, 1, 2).contiguous()
+
+
+class CallsAHelper(nn.Module):
+    def __init__(self, c=8):
+        super().__init__()
+        self.stem = nn.Conv2d(3, c, 3, padding=1)
+        self.head = nn.Conv2d(2 * c, c, 3, padding=1)
+        self.helper = Correlator()
+
+    def forward(self, x):
+        f = self.stem(x)
+        B, C, H, W = f.shape
+        t = f.flatten(2).transpose(1, 2)
+        rows = ((t @ t.transpose(1, 2)).softmax(-1) @ t).reshape(B, H, W, C)  # a product: no image
+        feats = self.helper.features(rows)
+        return self.head(feats)
+
+
+def test_a_copy_in_a_helper_with_no_weight_is_made_at_the_call_in_the_format_of_a_weight_there():
+    """Dropped in the helper alone, the copy's absence hurts the contiguous run (its
+    convolution then converts); made where the module's method calls the helper, in the format
+    of a weight in reach there, it is no copy where the model runs channels_last and the same
+    copy where it runs contiguous: two edits, one fix, both in the patch."""
+    torch.manual_seed(0)
+    model, x, fixes = _fixes(CallsAHelper(), torch.randn(2, 3, 8, 8))
+    joins = fixes.frame[fixes.frame["pattern"] == "joins"]
+    assert len(joins) == 1
+    n = int(joins["fix"].iloc[0])
+    labels = [c.label for c in fixes._proposals[n].extra["candidates"]]
+    assert labels[0] == "the copy of the channels_last view dropped"
+    assert labels[1].startswith("the copy of the channels_last view dropped, and made where ")
+    assert labels[1].endswith("calls features, in the format of self.head.weight")
+    table = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=2)
+    row = table[(table["kind"] == "fix") & (table["fix"] == n)].iloc[0]
+    assert row["applied"] and row["same_outputs"] and row["hotspots_after"] == 0, row["reason"]
+    assert row["contiguous_hotspots_after"] <= row["contiguous_hotspots_before"]
+    assert row["reason"].startswith(f"candidate {labels[1]} proved"), row["reason"]
+    patch = fixes.patch([n])
+    assert "+        return torch.cat([rows, rows * 2], dim=-1).permute(0, 3, 1, 2)\n" in patch
+    assert "+        feats = self.helper.features(rows).contiguous(memory_format=torch.channels_last if" in patch
+    assert fixes.apply(model).set_index("fix").loc[n, "applied"]
+    fixes.undo()

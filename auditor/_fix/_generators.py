@@ -80,10 +80,17 @@ class Proposal:
     edit: tuple[rw.Statement, Callable, rw.Facts] | None = None
     reason: str = ""  #: why the fix cannot be made automatically ("" when it can)
     extra: dict = field(default_factory=dict)
+    #: edits of other statements made with :attr:`edit` (a call site that now asks for a format)
+    more_edits: tuple = ()
 
     @property
     def automatic(self) -> bool:
         return not self.reason
+
+    @property
+    def edits(self) -> list[tuple]:
+        """Every statement edit the fix makes: :attr:`edit`, then :attr:`more_edits`."""
+        return [self.edit, *self.more_edits] if self.edit is not None else []
 
 
 def module_expr(name: str, root: str = "model") -> str:
@@ -581,6 +588,7 @@ class Candidate:
     edit: tuple  #: (the statement, the rewrite, its facts), as :attr:`Proposal.edit`
     line: str  #: the statement as it is
     suggestion: str  #: the statement rewritten
+    more: tuple = ()  #: edits of other statements made with it, as :attr:`Proposal.more_edits`
 
 
 def _candidate(c: CauseView, label: str, rewrite: Callable, at: tuple[str, int] | None = None,
@@ -866,6 +874,8 @@ def _join_candidates(c: CauseView) -> list[Candidate]:
         if weight:
             found.append(_candidate(c, f"the copy of the channels_last view made in the format of {weight}",
                                     rw.copy_in_format_of(weight)))
+        elif c.path:
+            found.append(_copy_at_the_call(c))
     if copied == "channels innermost":
         if weight:
             found.append(_candidate(c, f"the copy made in the format of {weight}", rw.copy_in_format_of(weight)))
@@ -924,6 +934,68 @@ def _chain_candidates(c: CauseView) -> list[Candidate]:
         made = _candidate(c, label, rw.chain_in_format_of(text, weight), at=(path, statement.first), span=len(parts))
         return [made] if made is not None else []
     return []
+
+
+def _copy_at_the_call(c: CauseView) -> Candidate | None:
+    """Where the line that copies a channels_last view is in a function no weight is in reach
+    of (a method of a plain object the module calls: RAFT's CorrBlock), the copy dropped there
+    and made where the module's own method calls that function, in the format of a weight in
+    reach there: two edits, one candidate. None where the call is not one statement of one
+    method of the module."""
+    from . import _rewrite as rw
+
+    fns = _functions(c.path, c.lineno)
+    if len(fns) != 1:
+        return None
+    site = _call_site(c, fns[0].__name__)
+    if site is None:
+        return None
+    path, line, callers = site
+    weight = _weight_in_reach(c, callers)
+    if weight is None:
+        return None
+    label = (f"the copy of the channels_last view dropped, and made where {short_source(f'{path}:{line}')} "
+             f"calls {fns[0].__name__}, in the format of {weight}")
+    here = _candidate(c, label, rw.drop_copy_of_permuted)
+    if here is None:
+        return None
+    try:
+        statement = rw.statement_at(path, line)
+        facts = _facts(c, callers)
+        rewrite = rw.call_in_format_of(fns[0].__name__, weight)
+        new = rw.rewrite(statement, [(rewrite, facts)])
+    except rw.Refused:
+        return None
+    shown = f"{here.suggestion}\n# and at {short_source(f'{path}:{statement.first}')}:\n{new.rstrip()}"
+    return Candidate(label, here.edit, here.line, shown, more=((statement, rewrite, facts),))
+
+
+def _call_site(c: CauseView, name: str) -> tuple[str, int, list[types.FunctionType]] | None:
+    """(file, line, the functions there) of the one call of ``name`` in the method of the
+    cause's module that its recorded ops ran in, as the recorded lines of the module's own ops
+    show."""
+    view = c.view
+    for x in np.flatnonzero((view.module == c.module) & (view.phase == "forward")):
+        path, line = _where(str(view.source[int(x)]))
+        if path is None:
+            continue
+        fns = _functions(path, line)
+        if fns and all(_method_of(fn, c.module_type) for fn in fns):
+            break
+    else:
+        return None
+    try:
+        tree = ast.parse("".join(linecache.getlines(path)))
+    except SyntaxError:
+        return None
+    method = next((n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                   and n.lineno <= line <= (n.end_lineno or n.lineno) and n.name == fns[0].__name__), None)
+    if method is None:
+        return None
+    calls = [n.lineno for n in ast.walk(method) if isinstance(n, ast.Call)
+             and ((isinstance(n.func, ast.Attribute) and n.func.attr == name)
+                  or (isinstance(n.func, ast.Name) and n.func.id == name))]
+    return (path, calls[0], fns) if len(calls) == 1 else None
 
 
 def _split_chain_candidates(c: CauseView) -> list[Candidate]:

@@ -811,6 +811,17 @@ def copy_in_format_of(weight: str) -> Callable[[cst.Module, Facts], cst.Module]:
     return rewrite
 
 
+@functools.cache
+def call_in_format_of(name: str, weight: str) -> Callable[[cst.Module, Facts], cst.Module]:
+    """The one call of ``name`` in the statement, its result made contiguous in the format of
+    ``weight`` (:func:`format_of_weight`): the copy a function no longer makes, made where the
+    caller, which knows the format, calls it (joins)."""
+    def rewrite(module: cst.Module, facts: Facts) -> cst.Module:
+        call = _the_one(_find(module, lambda n: isinstance(n, cst.Call) and _callee(n) == name), f"call of {name}")
+        return _replace(module, call, _expr(f"{_code(call)}.contiguous(memory_format={format_of_weight(weight, facts)})"))
+    return rewrite
+
+
 def drop_copy_of_permuted(module: cst.Module, facts: Facts) -> cst.Module:
     """``x.permute(...).contiguous()`` (or ``.transpose``) written as the permuted view alone:
     the copy dropped, where the recorded strides show the view is already a dense map in the

@@ -229,7 +229,7 @@ class Fixes:
         why)."""
         from . import _rewrite as rw  # libcst: only once a fix edits source
 
-        statements: dict[tuple, list[tuple[int, Proposal]]] = {}
+        statements: dict[tuple, list[tuple[int, tuple]]] = {}
         failed: dict[int, str] = {}
         for n in numbers:
             p = self._proposals.get(n)
@@ -238,19 +238,29 @@ class Fixes:
             if p.edit is None or not p.automatic:
                 failed[n] = f"by hand: {p.reason}"
                 continue
-            st = p.edit[0]
-            statements.setdefault((st.path, st.first, st.last), []).append((n, p))
+            for edit in p.edits:
+                st = edit[0]
+                statements.setdefault((st.path, st.first, st.last), []).append((n, edit))
         edits = []
         for group in statements.values():
-            st = group[0][1].edit[0]
+            st = group[0][1][0]
             try:
                 # two causes of one pattern rewritten together (slices on two statements) are one rewrite
-                new = rw.rewrite(st, list(dict.fromkeys((p.edit[1], p.edit[2]) for _, p in group)))
+                new = rw.rewrite(st, list(dict.fromkeys((e[1], e[2]) for _, e in group)))
             except rw.Refused as exc:
                 failed.update({n: f"by hand: {exc}" for n, _ in group})
                 continue
-            edits.append((SourceEdit(st.path, st.first, st.last, st.text, new), [n for n, _ in group]))
-        return edits, failed
+            edits.append((SourceEdit(st.path, st.first, st.last, st.text, new), list(dict.fromkeys(n for n, _ in group))))
+        # a fix of several statements is made whole or not at all, and the fixes of a statement together
+        kept = []
+        for e, members in edits:
+            lost = [n for n in members if n in failed]
+            if lost:
+                failed.update({n: f"by hand: made together with fix {lost[0]}, which cannot be made ({failed[lost[0]]})"
+                               for n in members if n not in failed})
+            else:
+                kept.append((e, members))
+        return kept, failed
 
     def _edit_source(self, numbers: list[int]) -> tuple[CodePatch | None, dict[int, tuple[bool, str]]]:
         """Apply the source edits of ``numbers``, a statement at a time, so that one that cannot
@@ -268,7 +278,7 @@ class Fixes:
             made.append(edit)
             functions += one.functions
             done.update({n: (True, f"{', '.join(one.functions)} recompiled with the edited line, in memory "
-                                   "(Fixes.patch() writes it as a diff)") for n in members})
+                                   "(Fixes.patch() writes it as a diff)") for n in members if done.get(n, (True,))[0]})
         if not made:
             return None, done
         return CodePatch(tuple(made), active=True, functions=list(dict.fromkeys(functions))), done
@@ -416,7 +426,7 @@ class Fixes:
         kept = (p.action, p.reason, self._row(n)["suggestion"])
         failures = []
         for cand in candidates:
-            p.edit, p.reason, p.action = cand.edit, "", EDIT
+            p.edit, p.more_edits, p.reason, p.action = cand.edit, cand.more, "", EDIT
             self._set_row(n, action=EDIT)
             try:
                 row = self._verify_one([n], step, warmup, seed, timing, prove=True)
@@ -433,7 +443,7 @@ class Fixes:
                                       detail=p.detail)
                     return {**row, "reason": f"candidate {cand.label} proved ({len(candidates)} tried)"}
             failures.append(f"{cand.label}: {why}")
-        p.edit = None
+        p.edit, p.more_edits = None, ()
         unproved = "no candidate rewrite proved exact on this model: " + "; ".join(failures)
         if region:  # the region as it was, by hand or made
             p.action = kept[0]
