@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
+import pandas as pd
 import torch
 
 from .._analysis import _patterns as patterns
@@ -34,6 +35,7 @@ from ._keep_format import BROADCAST_SWAPS, CONV_SWAPS, KEEP_FORMAT, SWAPS
 from ._patch import live_functions
 
 if TYPE_CHECKING:  # the rewrites need libcst: imported when a fix is first proposed
+    from . import _chain
     from . import _rewrite as rw
 
 EDIT, SWAP, WEIGHT, REGION = "edit source", "swap module", "convert weight", "keep region contiguous"
@@ -1031,13 +1033,14 @@ class _Run:
 
     shape: tuple[int, ...]
     steps: list
-    chain: object
+    chain: _chain.Chain
     first: int
 
 
 def _recorded_chain(c: CauseView, anchor: int):
-    """(the statements, their chain parts, one :class:`_Run` per module that ran them) of the
-    chain of reshapes around event ``anchor``'s line, where every run fits; else None."""
+    """(the statements, their chain parts, one :class:`_Run` per module that ran them and
+    whose recorded sizes fit) of the chain of reshapes around event ``anchor``'s line; None
+    where there is no such chain, or no run fits."""
     from . import _rewrite as rw
 
     path, line = _where(str(c.view.source[anchor]))
@@ -1049,9 +1052,10 @@ def _recorded_chain(c: CauseView, anchor: int):
         return None
     steps = [s for p in parts for s in p.steps]
     name = rw._code(parts[0].base) if rw._simple(parts[0].base) else parts[-1].target
+    events = _span_events(c, statement, anchor)
     runs = []
-    for module in dict.fromkeys(str(m) for m in c.view.module[_span_events(c, statement, anchor)]):
-        run = _chain_of(c, statement, steps, module, name)
+    for module in dict.fromkeys(str(m) for m in c.view.module[events]):
+        run = _chain_of(c, statement, steps, [int(x) for x in events if str(c.view.module[x]) == module], name)
         if run is not None:
             runs.append(run)
     return (statement, parts, runs) if runs else None
@@ -1074,23 +1078,20 @@ def _span_events(c: CauseView, statement, anchor: int) -> np.ndarray:
     """The forward reshapes and views recorded on ``statement``'s lines, by modules of the
     anchor's type (every block that runs the chain)."""
     view = c.view
-    path = statement.path
-    lines = {f"{path}:{k}" for k in range(statement.first, statement.last + 1)}
-    sources = np.array([recorded(str(s)) in lines for s in view.source]) if len(view.source) else np.zeros(0, bool)
+    lines = {f"{statement.path}:{k}" for k in range(statement.first, statement.last + 1)}
+    sources = pd.Series(view.source, dtype=object)
+    on_lines = sources.isin([s for s in sources.unique() if recorded(str(s)) in lines]).to_numpy()
     types_ = view.ops["module_type"].astype(str).to_numpy()
-    ops = view.op.astype(str) if hasattr(view.op, "astype") else np.asarray(view.op, dtype=str)
-    return np.flatnonzero(sources & (view.phase == "forward") & (types_ == str(types_[anchor]))
-                          & np.isin(ops, _VIEWS))
+    return np.flatnonzero(on_lines & (view.phase == "forward") & (types_ == str(types_[anchor]))
+                          & np.isin(view.op, _VIEWS))
 
 
-def _chain_of(c: CauseView, statement, steps: list, module: str, name: str):
-    """The chain as ``module`` ran it (:class:`_Run`), its reshapes' sizes those recorded (its
-    last run's); None where they do not fit, or it makes no copy."""
+def _chain_of(c: CauseView, statement, steps: list, events: list[int], name: str) -> _Run | None:
+    """The chain as one module ran it (:class:`_Run`), ``events`` its reshapes and views on the
+    chain's lines, their sizes those recorded (its last run's); None where they do not fit, or
+    it makes no copy."""
     from . import _chain
 
-    view = c.view
-    events = [int(x) for x in _span_events(c, statement, int(np.flatnonzero(view.module == module)[0]))
-              if str(view.module[int(x)]) == module]
     written = [s for s in steps if s[0] == "reshape"]
     if len(events) < len(written) or not written:
         return None
