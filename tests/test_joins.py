@@ -564,16 +564,9 @@ def test_a_new_map_made_of_nothing_is_said_to_be_new():
     assert joins["reason"].startswith("zeros makes a map (2x2x8x8) from no tensor (a new one) at "), joins["reason"]
 
 
-class FoldOverStatements(nn.Module):
+class FoldOverStatements(Windows):
     """A map cut into patches of tokens and folded back over three statements, as MobileViT
     writes it: the channels merged with the batch on the way, so no one statement makes the map."""
-
-    def __init__(self, c=8, p=2):
-        super().__init__()
-        self.p = p
-        self.conv1 = nn.Conv2d(3, c, 3, padding=1)
-        self.norm = nn.LayerNorm(c)
-        self.conv2 = nn.Conv2d(c, c, 3, padding=1)
 
     def forward(self, x):
         x = self.conv1(x)

@@ -12,6 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
+#: one step of a chain: ("reshape", sizes, exprs), ("permute", order), ("transpose", a, b)
+Step = tuple
+
 
 class NotAPermutation(Exception):
     """The chain is not one permutation of factors of its input's sizes; the message says why."""
@@ -112,14 +115,6 @@ class Chain:
         self.order[at:at + 1] = [major, minor]
         return major, minor
 
-    def gathered_last(self, first: int) -> tuple[list[int], list[Factor]]:
-        """The permutation of :attr:`order` that puts the factors of the current dimensions in
-        the order of dimensions ``0, first + 1, .., n - 1, first`` (the channels of a map
-        ``first`` = 1 moved last: NHWC), and those factors in that order."""
-        n = len(self.dims)
-        wanted = [d for i in [*range(first), *range(first + 1, n), first] for d in self.dims[i]]
-        return [next(k for k, g in enumerate(self.order) if g is f) for f in wanted], wanted
-
     def size_exprs(self, order: list[int]) -> list[str]:
         """The current dimensions' sizes as code, in ``order``: the last reshape's arguments
         where it made them, else the product of their factors."""
@@ -135,13 +130,28 @@ class Chain:
         return out
 
 
+def _nhwc(rank: int) -> list[int]:
+    """The dimensions of a map (B, C, *spatial) in NHWC order."""
+    return [0, *range(2, rank), 1]
+
+
+def _positions(factors: list[Factor], within: list[Factor]) -> list[int]:
+    """Where each of ``factors`` is in ``within``, told apart by identity."""
+    return [next(k for k, g in enumerate(within) if g is f) for f in factors]
+
+
+def gathered_in_nhwc_order(chain: Chain) -> list[int]:
+    """For a chain whose result is a map (B, C, *spatial): the permutation of its input's
+    factors (:attr:`Chain.order`) that puts the result's factors in NHWC order."""
+    return _positions([f for i in _nhwc(len(chain.dims)) for f in chain.dims[i]], chain.order)
+
+
 def read_in_nhwc_order(chain: Chain, rank: int) -> tuple[list[Factor], list[int]]:
     """For a chain whose input is a map (B, C, *spatial): the input's factors in NHWC memory
     order, and the permutation that takes them to the order of the chain's result."""
-    place = {d: k for k, d in enumerate([0, *range(2, rank), 1])}
+    place = {d: k for k, d in enumerate(_nhwc(rank))}
     nhwc = sorted(chain.order, key=lambda f: place[f.dim])  # stable: each dimension's factors keep their order
-    out = [f for d in chain.dims for f in d]
-    return nhwc, [next(k for k, g in enumerate(nhwc) if g is f) for f in out]
+    return nhwc, _positions([f for d in chain.dims for f in d], nhwc)
 
 
 def split_text(chain: Chain, rank: int) -> str:
@@ -150,7 +160,7 @@ def split_text(chain: Chain, rank: int) -> str:
     permuted into the result's order and merged into its sizes by the one copy the chain made
     anyway, reading the map in memory order."""
     nhwc, perm = read_in_nhwc_order(chain, rank)
-    to_nhwc = ", ".join(map(str, [0, *range(2, rank), 1]))
+    to_nhwc = ", ".join(map(str, _nhwc(rank)))
     cut = ", ".join(f.expr for f in nhwc)
     permute = "" if perm == sorted(perm) else f".permute({', '.join(map(str, perm))})"
     sizes = ", ".join(chain.size_exprs(list(range(len(chain.dims)))))
@@ -162,7 +172,7 @@ def splits_the_same(shape: tuple[int, ...], steps: list[Step], chain: Chain) -> 
     rank = len(shape)
     x = torch.arange(math.prod(shape)).reshape(shape)
     nhwc, perm = read_in_nhwc_order(chain, rank)
-    z = x.permute(0, *range(2, rank), 1).reshape([f.size for f in nhwc]).permute(perm).reshape(chain.shape())
+    z = x.permute(_nhwc(rank)).reshape([f.size for f in nhwc]).permute(perm).reshape(chain.shape())
     return bool(torch.equal(z, _moved(x, steps)))
 
 
@@ -182,16 +192,12 @@ def nhwc_text(chain: Chain) -> str:
     order: the input cut into its factors, permuted so the channels come last, merged into (B,
     *spatial, C), and viewed back as (B, C, *spatial), a channels_last view."""
     rank = len(chain.dims)
-    perm, _ = chain.gathered_last(1)
-    sizes = ", ".join(chain.size_exprs([0, *range(2, rank), 1]))
+    perm = gathered_in_nhwc_order(chain)
+    sizes = ", ".join(chain.size_exprs(_nhwc(rank)))
     cut = ", ".join(f.expr for f in chain.order)
     back = ", ".join(map(str, [0, rank - 1, *range(1, rank - 1)]))
     permute = "" if perm == sorted(perm) else f".permute({', '.join(map(str, perm))})"
     return f"{chain.name}.reshape({cut}){permute}.reshape({sizes}).permute({back})"
-
-
-#: one step of a chain: ("reshape", sizes, exprs), ("permute", order), ("transpose", a, b)
-Step = tuple
 
 
 def build(name: str, shape: tuple[int, ...], steps: list[Step]) -> Chain:
@@ -213,8 +219,7 @@ def gathers_the_same(shape: tuple[int, ...], steps: list[Step], chain: Chain) ->
     x = torch.arange(math.prod(shape)).reshape(shape)
     y = _moved(x, steps)
     rank = len(chain.dims)
-    perm, wanted = chain.gathered_last(1)
-    spatial = [*range(2, rank), 1]
-    sizes = [math.prod(f.size for f in chain.dims[i]) for i in [0, *spatial]]
-    z = x.reshape([f.size for f in chain.order]).permute(perm).reshape(sizes).permute(0, rank - 1, *range(1, rank - 1))
+    sizes = [math.prod(f.size for f in chain.dims[i]) for i in _nhwc(rank)]
+    z = x.reshape([f.size for f in chain.order]).permute(gathered_in_nhwc_order(chain)).reshape(sizes).permute(
+        0, rank - 1, *range(1, rank - 1))
     return z.shape == y.shape and bool(torch.equal(z, y))
