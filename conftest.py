@@ -5,7 +5,9 @@ block before it prints.
 - ``<!-- output -->``: the printed text, exactly (trailing spaces aside);
 - ``<!-- output: shape -->``: for output that holds timings: the same words, in the same number,
   every number free and a time or size unit free to change (``µs`` or ``ms``); the first line in
-  place, the others in any order (rows ranked by time may swap) and wrapped anywhere.
+  place, the others in any order (rows ranked by time may swap) and wrapped anywhere; rows
+  (``- ...``) shown above a ``... and N more`` line are the first of a list ranked by time, so
+  which rows make the cut is free too: only their number and each one's form are checked.
 
 Setup that would only clutter a page goes in an ``<!-- invisible-code-block: python -->``
 comment, which runs like a block. Pages run from the repository root, so the source lines that
@@ -34,6 +36,8 @@ STDOUT = "__printed__"
 OUTPUT = re.compile(r"^<!-- output(?:: (?P<mode>shape))? -->\n```text\n(?P<text>.*?)^```$", re.M | re.S)
 UNITS = {"ns", "µs", "ms", "s", "B", "kB", "MB", "GB", "TB"}
 NUMBER = re.compile(r"\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+#: a number alone as :func:`shape` writes it (``#``, ``#x``, ``(#%)``), not a name holding one
+COUNT = re.compile(r"[(\[]?#[x%]?[)\],;]?")
 
 
 def _run(example) -> None:
@@ -55,6 +59,21 @@ def shape(text: str) -> list[str]:
     return words
 
 
+def rank_free(text: str) -> str:
+    """``text`` with each word of the rows above a ``... and N more`` line as ``<ranked>``, its
+    numbers and units kept: which rows of a list ranked by time make the cut is noise."""
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if not line.lstrip().startswith("... and "):
+            continue
+        j = i - 1
+        while j >= 0 and lines[j].lstrip().startswith("- "):
+            words = shape(lines[j])
+            lines[j] = " ".join(w if COUNT.fullmatch(w) or w.startswith("<unit>") else "<ranked>" for w in words[1:])
+            j -= 1
+    return "\n".join(lines)
+
+
 def check_output(mode: str | None, expected: str, printed: str) -> str | None:
     """None when ``printed`` is what the page shows (``mode``: None exact, "shape" shape)."""
     if mode is None:
@@ -65,7 +84,7 @@ def check_output(mode: str | None, expected: str, printed: str) -> str | None:
     first = lambda s: shape(s.strip().splitlines()[0]) if s.strip() else []  # noqa: E731
     if first(printed) != first(expected):
         return f"first line: the page shows {expected.strip().splitlines()[0]!r}, printed {printed.strip()[:200]!r}"
-    want, got = Counter(shape(expected)), Counter(shape(printed))
+    want, got = Counter(shape(rank_free(expected))), Counter(shape(rank_free(printed)))
     if want == got:
         return None
     return (f"words the page shows that were not printed: {sorted((want - got).elements())}\n"

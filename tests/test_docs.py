@@ -97,4 +97,19 @@ def test_output_shapes_tolerate_timings_but_not_words():
     assert check_output("shape", shown, "time: ops 1.2 ms, of which hotspots 14 µs (1.5%)\n  - backward 0,2  loses 2x 1 MB")
     assert check_output("shape", shown, "time: ops 1.2 ms, of which hotspots 14 µs (1.5%)")
     assert check_output(None, "a  \nb", "a\nb\n") is None
+
+
+def test_output_shapes_let_rows_ranked_by_time_cross_the_cut_but_keep_their_number_and_form():
+    from conftest import check_output
+
+    ranked = "audit\n  - forward  conv5.0  aten.convolution.default  converts 1x 12.3 kB 406.6 µs\n" \
+             "  - backward stage3.1–7  aten.convolution_backward.default  converts 7x 86.0 kB 781.2 µs\n" \
+             "  ... and 33 more rows (71 hotspot groups)\ntotal 4 hotspots"
+    crossed = ranked.replace("forward  conv5.0  aten.convolution.default", "backward stage4.1–3 aten.cat.default")
+    assert check_output("shape", ranked, crossed) is None
+    assert check_output("shape", ranked, ranked.replace("  - forward  conv5.0", "  - forward  conv5.0  extra"))
+    assert check_output("shape", ranked, ranked.replace("\n  - forward  conv5.0  aten.convolution.default  converts 1x 12.3 kB 406.6 µs", ""))
+    assert check_output("shape", ranked, ranked.replace("total 4 hotspots", "total 4 groups"))
+    complete = ranked.replace("  ... and 33 more rows (71 hotspot groups)\n", "")
+    assert check_output("shape", complete, complete.replace("conv5.0", "head.0"))
     assert check_output(None, "a\nb", "a\nc")
