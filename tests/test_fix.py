@@ -211,11 +211,98 @@ def test_keep_format_refuses_a_module_it_has_no_same_valued_replacement_for():
         auditor.keep_format(nn.ReLU())
     with pytest.raises(ValueError, match="more than one value per channel"):
         auditor.keep_format(nn.AdaptiveAvgPool2d(2))
-    with pytest.raises(ValueError, match="spans more than time"):
+    with pytest.raises(ValueError, match="spans both time and space"):
         auditor.keep_format(nn.Conv3d(2, 2, 3))
     up = auditor.keep_format(nn.Upsample(scale_factor=4))
     m = torch.randn(2, 3, 1, 1)
     assert torch.equal(up(m), nn.functional.interpolate(m, scale_factor=4)) and up(m).stride()[-2:] == (0, 0)
+
+
+@pytest.mark.parametrize("kernel, stride, padding, swap", [
+    ((3, 1, 1), (2, 1, 1), (1, 0, 0), "TemporalConv"), ((1, 1, 1), (1, 1, 1), (0, 0, 0), "TemporalConv"),
+    ((1, 3, 3), (1, 2, 2), (0, 1, 1), "FrameConv"), ((1, 3, 5), (1, 2, 1), (0, 1, 2), "FrameConv")])
+def test_keep_format_computes_a_conv3d_that_spans_time_only_or_space_only_as_a_conv2d(kernel, stride, padding, swap):
+    torch.manual_seed(0)
+    conv = nn.Conv3d(4, 6, kernel, stride, padding, groups=2).double()
+    new = auditor.keep_format(conv)
+    assert type(new).__name__ == swap and new.conv.weight is conv.weight
+    for fmt in (CL3, torch.contiguous_format):
+        x = torch.randn(2, 4, 5, 9, 11, dtype=torch.double).to(memory_format=fmt).requires_grad_()
+        want, got = conv(x), new(x)
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(torch.autograd.grad(got.square().sum(), (x, conv.weight)),
+                                   torch.autograd.grad(want.square().sum(), (x, conv.weight)))
+        assert got.is_contiguous(memory_format=CL3) == (fmt == CL3)
+
+
+class TimeThenFrame(nn.Module):
+    """Two Conv3d and a pointwise head that run at one line: at a small batch the (k, 1, 1) and
+    (1, 1, 1) ones have no channels_last_3d kernel here (they lose it), and the (1, 3, 3) one,
+    fed contiguous, only converts: it is their symptom, not more of the cause."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv3d(3, 8, (3, 1, 1), padding=(1, 0, 0)), nn.Conv3d(8, 8, (1, 3, 3), padding=(0, 1, 1)))
+        self.head = nn.Conv3d(8, 4, 1)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.body(x)))
+
+
+def test_a_conv3d_swap_names_the_convolutions_that_lose_the_format_and_no_symptom_at_their_line():
+    from kernels import convs_that_lose
+
+    torch.manual_seed(0)
+    model = TimeThenFrame().to(memory_format=CL3)
+    x = torch.randn(2, 3, 4, 8, 8).to(memory_format=CL3)
+    losing = convs_that_lose(model, (x,))
+    if not losing:
+        pytest.skip("every Conv3d of the model has a channels_last_3d kernel on this machine")
+    fixes = auditor.suggest_fixes(auditor.audit(model, x))
+    swaps = [p for p in fixes._proposals.values() if p.action == _suggest.SWAP]
+    assert len(swaps) == 1
+    assert set(swaps[0].extra["modules"]) == losing and "body.1" not in losing
+    ref = model(x)
+    done = fixes.apply(model, x)
+    assert done["applied"].all(), done["detail"].tolist()
+    torch.testing.assert_close(model(x), ref)
+
+
+class FrameThenTime(nn.Module):
+    """A (1, 3, 3), a (3, 1, 1) and a (1, 1, 1) Conv3d, each on its own line: at batch 1 none has
+    a channels_last_3d kernel here, but only the first is fed channels_last_3d; each swap feeds
+    the next one its format, so each loses it in turn."""
+
+    def __init__(self):
+        super().__init__()
+        self.frame = nn.Conv3d(3, 8, (1, 3, 3), padding=(0, 1, 1))
+        self.time = nn.Conv3d(8, 8, (3, 1, 1), padding=(1, 0, 0))
+        self.head = nn.Conv3d(8, 4, 1)
+
+    def forward(self, x):
+        y = self.frame(x)
+        y = self.time(torch.relu(y))
+        return self.head(y)
+
+
+def test_conv3d_swaps_that_expose_the_next_convolution_are_made_round_after_round():
+    from kernels import convs_that_lose
+
+    torch.manual_seed(0)
+    model = FrameThenTime().to(memory_format=CL3)
+    x = torch.randn(1, 3, 4, 8, 8).to(memory_format=CL3)
+    alone = {name for name, conv in model.named_children()
+             if convs_that_lose(conv, (torch.randn(1, conv.in_channels, 4, 8, 8).to(memory_format=CL3),))}
+    if alone != {"frame", "time", "head"}:
+        pytest.skip(f"only {sorted(alone)} of the model's Conv3d have no channels_last_3d kernel at batch 1 here")
+    ref = model(x)
+    done = auditor.suggest_fixes(auditor.audit(model, x)).apply(model, x)
+    assert done["applied"].all(), done["detail"].tolist()
+    assert list(done["round"]) == [1, 2, 3]
+    assert [type(m).__name__ for m in (model.frame, model.time, model.head)] == ["FrameConv", "TemporalConv",
+                                                                                 "TemporalConv"]
+    torch.testing.assert_close(model(x), ref)
+    assert auditor.audit(model, x).hotspots().empty
 
 
 # -- suggested fixes --------------------------------------------------------------------------------

@@ -560,15 +560,39 @@ def _whole_slice_fix(c: CauseView) -> Proposal | None:
 def _conv_swap_fix(c: CauseView) -> Proposal | None:
     """A convolution without a channels_last kernel for its shape whose sums another convolution
     that has one computes: a Conv3d whose kernel spans time only, (k, 1, 1), as a Conv2d over
-    (T, H·W)."""
+    (T, H·W); one that spans space only, (1, kh, kw), as a Conv2d over each frame. The swap names
+    the cause's modules whose recorded kernel has one of those shapes, and says which it leaves."""
     typ = _torch_module_type(c.module_type, CONV_SWAPS)
-    w = c.tracer._weight_row(c.e)
-    kernel = parse_tuple(c.tracer.shape[w])[2:] if w >= 0 else ()
-    if typ is None or len(kernel) != 3 or kernel[1:] != (1, 1):
+    if typ is None:
         return None
-    return _swap(c, c.member_modules(), typ, CONV_SWAPS,
-                 f"{c.row.fix.split(':')[0]}: its kernel {kernel} spans time only, so a Conv2d over (T, H·W) computes "
-                 f"the same sums, and has a {c.cl_name.replace('_3d', '')} kernel")
+    kernels = {m: k for m, k in _recorded_kernels(c).items() if len(k) == 3}
+    swappable = [m for m, k in kernels.items() if k[1:] == (1, 1) or k[0] == 1]
+    if not swappable:
+        return None
+    left = [f"{m} {kernels[m]}" for m in kernels if m not in swappable]
+    spans = {"time only": "a Conv2d over (T, H·W)", "space only": "a Conv2d over each frame"}
+    kinds = list(dict.fromkeys("time only" if kernels[m][1:] == (1, 1) else "space only" for m in swappable))
+    sizes = ", ".join(dict.fromkeys(str(kernels[m]) for m in swappable))
+    how = (f"its kernel {sizes} spans {kinds[0]}" if len(swappable) == 1 else
+           f"their kernels {sizes} span {' or '.join(kinds)}") + f", so {' or '.join(spans[k] for k in kinds)}"
+    leaves = f"; it leaves {', '.join(left)}, whose kernel spans time and space" if left else ""
+    return _swap(c, swappable, typ, CONV_SWAPS,
+                 f"{c.row.fix.rsplit(': ', 1)[0]}: {how} computes the same sums, and has a "
+                 f"{c.cl_name.replace('_3d', '')} kernel{leaves}")
+
+
+def _recorded_kernels(c: CauseView) -> dict[str, tuple[int, ...]]:
+    """The kernel size of each convolution that does what the cause's does (loses, converts), by
+    module, from its recorded weight: the others at its line are its symptoms, not more of it."""
+    kernels, fseq, kind = {}, c.tracer.forward_seq, c.view.kind
+    for m in c.members:
+        if kind[m] != kind[c.e]:
+            continue
+        e = int(fseq[m]) if fseq[m] >= 0 else m
+        w = c.tracer._weight_row(e)
+        if w >= 0:
+            kernels.setdefault(str(c.view.ops.at[e, "module"]), parse_tuple(c.tracer.shape[w])[2:])
+    return kernels
 
 
 @register_fix(patterns.WEIGHT_FORMAT.name)

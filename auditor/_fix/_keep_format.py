@@ -3,7 +3,8 @@
 Each computes the same values as the module it replaces: ``SoftmaxKeepFormat`` for
 ``Softmax``/``LogSoftmax``, ``LayerNormKeepFormat`` for a ``LayerNorm`` over (C, H, W), a
 ``GroupNorm`` with one group per channel for ``InstanceNorm``, ``GlobalAvgPool`` for an
-``AdaptiveAvgPool2d(1)``, and ``BroadcastUpsample`` for an ``Upsample`` of an N×C×1×1 map.
+``AdaptiveAvgPool2d(1)``, ``BroadcastUpsample`` for an ``Upsample`` of an N×C×1×1 map, and
+``TemporalConv`` or ``FrameConv`` for a ``Conv3d`` that spans time only or space only.
 """
 
 from __future__ import annotations
@@ -131,13 +132,9 @@ class TemporalConv(nn.Module):
 
     @classmethod
     def from_module(cls, module: nn.Module) -> TemporalConv:
-        if not isinstance(module, nn.Conv3d) or type(module).forward is not nn.Conv3d.forward:
-            raise ValueError(f"{type(module).__name__} is no plain Conv3d")
-        flat = (module.kernel_size[1:] == (1, 1) and module.stride[1:] == (1, 1) and module.padding[1:] == (0, 0)
-                and module.dilation[1:] == (1, 1) and module.padding_mode == "zeros" and isinstance(module.padding, tuple))
-        if not flat:
-            raise ValueError(f"Conv3d(kernel {module.kernel_size}, stride {module.stride}, padding {module.padding}) "
-                             "spans more than time: it is no Conv2d over (T, H·W)")
+        _plain_conv3d(module)
+        if not _spans_only(module, (1, 2)):
+            raise ValueError(f"{_settings(module)} spans more than time: it is no Conv2d over (T, H·W)")
         return cls(module)
 
     def forward(self, x):
@@ -146,6 +143,65 @@ class TemporalConv(nn.Module):
         y = F.conv2d(x.flatten(3), c.weight.flatten(3), c.bias, (c.stride[0], 1), (c.padding[0], 0),
                      (c.dilation[0], 1), c.groups)
         return y.unflatten(3, (h, w))
+
+
+class FrameConv(nn.Module):
+    """Drop-in for a ``Conv3d`` whose kernel, stride and padding span space only, (1, kh, kw):
+    the same sums computed as a ``Conv2d`` over each frame, on the (N·T, C, H, W) view of a
+    channels_last_3d input (a view in that format only: any other input goes to the Conv3d
+    itself, so a model run contiguous is as before). Keeps the Conv3d's Parameters."""
+
+    def __init__(self, conv: nn.Conv3d):
+        super().__init__()
+        self.conv = conv
+
+    @classmethod
+    def from_module(cls, module: nn.Module) -> FrameConv:
+        _plain_conv3d(module)
+        if not _spans_only(module, (0,)):
+            raise ValueError(f"{_settings(module)} spans more than space: it is no Conv2d over each frame")
+        return cls(module)
+
+    def forward(self, x):
+        if x.dim() != 5 or not x.is_contiguous(memory_format=torch.channels_last_3d):
+            return self.conv(x)
+        c = self.conv
+        n, t = x.shape[0], x.shape[2]
+        y = F.conv2d(x.transpose(1, 2).flatten(0, 1), c.weight.squeeze(2), c.bias, c.stride[1:], c.padding[1:],
+                     c.dilation[1:], c.groups)
+        return y.unflatten(0, (n, t)).transpose(1, 2)
+
+
+def _plain_conv3d(module: nn.Module) -> None:
+    if not isinstance(module, nn.Conv3d) or type(module).forward is not nn.Conv3d.forward:
+        raise ValueError(f"{type(module).__name__} is no plain Conv3d")
+
+
+def _spans_only(conv: nn.Conv3d, flat: tuple[int, ...]) -> bool:
+    """Whether ``conv`` leaves the dimensions ``flat`` (0 time, 1 height, 2 width) alone: kernel,
+    stride and dilation 1 there, no padding, and padding given as sizes (not "same")."""
+    return (isinstance(conv.padding, tuple) and conv.padding_mode == "zeros"
+            and all(conv.kernel_size[d] == 1 and conv.stride[d] == 1 and conv.padding[d] == 0
+                    and conv.dilation[d] == 1 for d in flat))
+
+
+def _settings(conv: nn.Conv3d) -> str:
+    return f"Conv3d(kernel {conv.kernel_size}, stride {conv.stride}, padding {conv.padding})"
+
+
+def conv3d_keep_format(module: nn.Module) -> nn.Module:
+    """A ``Conv3d`` that spans time only as a :class:`TemporalConv`, one that spans space only
+    as a :class:`FrameConv`; ValueError for one that spans both."""
+    try:
+        return TemporalConv.from_module(module)
+    except ValueError as temporal:
+        if str(temporal).endswith("is no plain Conv3d"):
+            raise
+    try:
+        return FrameConv.from_module(module)
+    except ValueError:
+        raise ValueError(f"{_settings(module)} spans both time and space: it is no Conv2d over (T, H·W) nor over "
+                         "each frame") from None
 
 
 class BroadcastUpsample(nn.Module):
@@ -207,7 +263,7 @@ SWAPS = {
 BROADCAST_SWAPS = {nn.Upsample: BroadcastUpsample.from_module}
 
 #: convolution type -> a replacement with a channels_last kernel where it has none
-CONV_SWAPS = {nn.Conv3d: TemporalConv.from_module}
+CONV_SWAPS = {nn.Conv3d: conv3d_keep_format}
 
 _EVERY_SWAP = {**SWAPS, **BROADCAST_SWAPS, **CONV_SWAPS}
 
@@ -222,10 +278,11 @@ def keep_format(module: nn.Module) -> nn.Module:
     - ``InstanceNorm2d/3d`` without running stats: a ``GroupNorm`` with a group per channel;
     - ``AdaptiveAvgPool2d/3d(1)``: a sum divided by H·W, whose backward is a view;
     - ``Upsample``: an N×C×1×1 map broadcast as a view (any other input is interpolated);
-    - ``Conv3d`` whose kernel, stride and padding span time only: a ``Conv2d`` over (T, H·W).
+    - ``Conv3d`` whose kernel, stride and padding span time only: a ``Conv2d`` over (T, H·W);
+      one that spans space only: a ``Conv2d`` over each frame of a channels_last_3d input.
 
     Raises ValueError for any other module, and for one of these types whose settings have no
-    same-valued replacement (a pool to more than one value, a Conv3d spanning space)."""
+    same-valued replacement (a pool to more than one value, a Conv3d spanning time and space)."""
     base = next((t for t in type(module).__mro__ if t in _EVERY_SWAP), None)
     if base is None:
         raise ValueError(f"no format-keeping replacement for {type(module).__name__}: one exists for "
