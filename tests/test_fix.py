@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import itertools
 import textwrap
 
 import pandas as pd
@@ -220,19 +221,26 @@ def test_keep_format_refuses_a_module_it_has_no_same_valued_replacement_for():
 
 @pytest.mark.parametrize("kernel, stride, padding, swap", [
     ((3, 1, 1), (2, 1, 1), (1, 0, 0), "TemporalConv"), ((1, 1, 1), (1, 1, 1), (0, 0, 0), "TemporalConv"),
-    ((1, 3, 3), (1, 2, 2), (0, 1, 1), "FrameConv"), ((1, 3, 5), (1, 2, 1), (0, 1, 2), "FrameConv")])
+    ((1, 3, 3), (1, 2, 2), (0, 1, 1), "FrameConv"), ((1, 3, 5), (1, 2, 1), (0, 1, 2), "FrameConv"),
+    ((1, 1, 1), (2, 2, 2), (0, 0, 0), "FrameConv"), ((1, 3, 3), (3, 2, 2), (0, 1, 1), "FrameConv")])
 def test_keep_format_computes_a_conv3d_that_spans_time_only_or_space_only_as_a_conv2d(kernel, stride, padding, swap):
+    """The same values and gradients, whether the frames a stride in time takes are a view (T a
+    multiple of it, or one clip) or not; channels_last_3d out of a float32 clip batch, where the
+    Conv2d has a channels_last kernel, and a contiguous run as before."""
     torch.manual_seed(0)
     conv = nn.Conv3d(4, 6, kernel, stride, padding, groups=2).double()
     new = auditor.keep_format(conv)
     assert type(new).__name__ == swap and new.conv.weight is conv.weight
-    for fmt in (CL3, torch.contiguous_format):
-        x = torch.randn(2, 4, 5, 9, 11, dtype=torch.double).to(memory_format=fmt).requires_grad_()
+    for fmt, (n, t) in itertools.product((CL3, torch.contiguous_format), [(2, 5), (2, 6), (1, 5)]):
+        x = torch.randn(n, 4, t, 9, 11, dtype=torch.double).to(memory_format=fmt).requires_grad_()
         want, got = conv(x), new(x)
         torch.testing.assert_close(got, want)
         torch.testing.assert_close(torch.autograd.grad(got.square().sum(), (x, conv.weight)),
                                    torch.autograd.grad(want.square().sum(), (x, conv.weight)))
-        assert got.is_contiguous(memory_format=CL3) == (fmt == CL3)
+    new.float()
+    for fmt in (CL3, torch.contiguous_format):
+        got = new(torch.randn(2, 4, 6, 9, 11).to(memory_format=fmt))
+        assert got.is_contiguous(memory_format=CL3) == (fmt == CL3) and got.is_contiguous() == (fmt != CL3)
 
 
 class TimeThenFrame(nn.Module):
@@ -266,6 +274,29 @@ def test_a_conv3d_swap_names_the_convolutions_that_lose_the_format_and_no_sympto
     done = fixes.apply(model, x)
     assert done["applied"].all(), done["detail"].tolist()
     torch.testing.assert_close(model(x), ref)
+
+
+def test_a_conv3d_swap_tries_the_convolutions_its_cause_fed_another_format_at_its_line():
+    """At batch 1 none of the three has a channels_last_3d kernel here, but only the first one
+    is fed channels_last_3d: the others, at its line, show only a conversion or nothing. The swap
+    asks this torch whether they lose the format when fed it, and swaps them in the same round."""
+    from kernels import convs_that_lose
+
+    torch.manual_seed(0)
+    model = TimeThenFrame().to(memory_format=CL3)
+    x = torch.randn(1, 3, 4, 8, 8).to(memory_format=CL3)
+    convs = {"body.0": model.body[0], "body.1": model.body[1], "head": model.head}
+    alone = {name for name, conv in convs.items()
+             if convs_that_lose(conv, (torch.randn(1, conv.in_channels, 4, 8, 8).to(memory_format=CL3),))}
+    if alone != set(convs):
+        pytest.skip(f"only {sorted(alone)} of the model's Conv3d have no channels_last_3d kernel at batch 1 here")
+    ref = model(x)
+    done = auditor.suggest_fixes(auditor.audit(model, x)).apply(model, x)
+    assert list(done["round"]) == [1] and done["applied"].all(), done["detail"].tolist()
+    assert "only lost the format once fed it" in done["detail"].iloc[0]
+    assert [type(m).__name__ for m in (*model.body, model.head)] == ["TemporalConv", "FrameConv", "TemporalConv"]
+    torch.testing.assert_close(model(x), ref)
+    assert auditor.audit(model, x).hotspots().empty
 
 
 class FrameThenTime(nn.Module):

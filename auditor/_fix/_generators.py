@@ -109,9 +109,12 @@ class CauseView:
     """What every generator reads about one cause: its row of ``Audit.causes()``, its first
     event, the forward op it stands for, and the format of the images around it."""
 
-    def __init__(self, view: FlowView, tracer: CauseTracer, row):
+    def __init__(self, view: FlowView, tracer: CauseTracer, row, threads: int | None = None):
         ops = view.ops
         self.view, self.tracer, self.row = view, tracer, row
+        #: the intra-op threads the audit's step ran at (None: the process's count), which
+        #: picks some kernels, and so whether an op keeps the format
+        self.threads = threads
         self.e = int(row.first_seq)
         self.op, self.module, self.source = row.op, row.module, row.source
         self.module_type = row.module_type
@@ -179,10 +182,10 @@ def _where(source: str) -> tuple[str | None, int]:
     return (path, int(line)) if path and line.isdigit() else (None, 0)
 
 
-def propose(view: FlowView, tracer: CauseTracer, row) -> Proposal | None:
+def propose(view: FlowView, tracer: CauseTracer, row, threads: int | None = None) -> Proposal | None:
     """The fix for one cause: the first of its pattern's registered generators that has one, or
-    None when no fix is known to help."""
-    cause = CauseView(view, tracer, row)
+    None when no fix is known to help (``threads``: the audit's, see :class:`CauseView`)."""
+    cause = CauseView(view, tracer, row, threads)
     for generate in fix_generators(row.pattern):
         found = generate(cause)
         if found is not None:
@@ -559,40 +562,63 @@ def _whole_slice_fix(c: CauseView) -> Proposal | None:
 @register_fix(patterns.CONV_NO_KERNEL.name)
 def _conv_swap_fix(c: CauseView) -> Proposal | None:
     """A convolution without a channels_last kernel for its shape whose sums another convolution
-    that has one computes: a Conv3d whose kernel spans time only, (k, 1, 1), as a Conv2d over
-    (T, H·W); one that spans space only, (1, kh, kw), as a Conv2d over each frame. The swap names
-    the cause's modules whose recorded kernel has one of those shapes, and says which it leaves."""
+    that has one computes: a Conv3d that spans time only, (k, 1, 1), as a Conv2d over (T, H·W);
+    one that spans space only, (1, kh, kw), as a Conv2d over each frame (or every s-th). The swap names the
+    cause's convolutions that span one of them, and says which it leaves; the others at its line,
+    fed another format by the first, are tried: those that lose the format when fed it are
+    swapped too (:func:`~._keep_format.loses_format`, where the model is at hand)."""
     typ = _torch_module_type(c.module_type, CONV_SWAPS)
     if typ is None:
         return None
-    kernels = {m: k for m, k in _recorded_kernels(c).items() if len(k) == 3}
-    swappable = [m for m, k in kernels.items() if k[1:] == (1, 1) or k[0] == 1]
+    losing, symptoms = _recorded_convs(c)
+    swappable = {m: span for m, (span, _, _) in losing.items() if span}
     if not swappable:
         return None
-    left = [f"{m} {kernels[m]}" for m in kernels if m not in swappable]
-    spans = {"time only": "a Conv2d over (T, H·W)", "space only": "a Conv2d over each frame"}
-    kinds = list(dict.fromkeys("time only" if kernels[m][1:] == (1, 1) else "space only" for m in swappable))
-    sizes = ", ".join(dict.fromkeys(str(kernels[m]) for m in swappable))
-    how = (f"its kernel {sizes} spans {kinds[0]}" if len(swappable) == 1 else
-           f"their kernels {sizes} span {' or '.join(kinds)}") + f", so {' or '.join(spans[k] for k in kinds)}"
-    leaves = f"; it leaves {', '.join(left)}, whose kernel spans time and space" if left else ""
-    return _swap(c, swappable, typ, CONV_SWAPS,
-                 f"{c.row.fix.rsplit(': ', 1)[0]}: {how} computes the same sums, and has a "
-                 f"{c.cl_name.replace('_3d', '')} kernel{leaves}")
+    left = [f"{m} {kernel}" for m, (span, kernel, _) in losing.items() if not span]
+    spans = list(dict.fromkeys(swappable.values()))
+    sizes = ", ".join(dict.fromkeys(str(losing[m][1]) for m in swappable))
+    how = (f"its kernel {sizes} spans {spans[0]}" if len(swappable) == 1 else
+           f"their kernels {sizes} span {' or '.join(spans)}") + f", so {' or '.join(SPANS[s] for s in spans)}"
+    leaves = f"; it leaves {', '.join(left)}, which span time and space" if left else ""
+    latent = tuple((m, shape) for m, (span, _, shape) in symptoms.items() if span)
+    tries = (f"; of the {len(latent)} more at its line that were fed another format, it swaps those that lose "
+             "the format when fed it") if latent else ""
+    proposal = _swap(c, list(swappable), typ, CONV_SWAPS,
+                     f"{c.row.fix.rsplit(': ', 1)[0]}: {how} computes the same sums, and has a "
+                     f"{c.cl_name.replace('_3d', '')} kernel{leaves}{tries}")
+    proposal.extra.update(latent=latent, threads=c.threads)
+    return proposal
 
 
-def _recorded_kernels(c: CauseView) -> dict[str, tuple[int, ...]]:
-    """The kernel size of each convolution that does what the cause's does (loses, converts), by
-    module, from its recorded weight: the others at its line are its symptoms, not more of it."""
-    kernels, fseq, kind = {}, c.tracer.forward_seq, c.view.kind
-    for m in c.members:
-        if kind[m] != kind[c.e]:
-            continue
+#: what a Conv3d that spans one of these alone is computed as (:mod:`._keep_format`)
+SPANS = {"time only": "a Conv2d over (T, H·W)", "space only": "a Conv2d over each frame"}
+
+
+def _recorded_convs(c: CauseView) -> tuple[dict, dict]:
+    """The 3-D convolutions at the cause's line, by module, each as (what it spans alone, its
+    kernel, the input shape it was fed), read from recorded shapes: (the cause's that do what
+    its first does (lose the format), those fed another format than channels_last there, which
+    cannot show whether they would keep it)."""
+    same, other = {}, {}
+    fseq, kind, view = c.tracer.forward_seq, c.view.kind, c.view
+    f = c.forward
+    at_line = np.flatnonzero((view.op == view.op[f]) & (view.phase == "forward") & (view.source == view.source[f]))
+    fed_other = [int(e) for e in at_line if str(view.ops.at[int(e), "in_format"]) != c.cl_name]
+    for m in [*c.members, *fed_other]:
         e = int(fseq[m]) if fseq[m] >= 0 else m
         w = c.tracer._weight_row(e)
-        if w >= 0:
-            kernels.setdefault(str(c.view.ops.at[e, "module"]), parse_tuple(c.tracer.shape[w])[2:])
-    return kernels
+        ins, outs = c.shapes(e)
+        if w < 0 or not ins or not outs or len(ins[0]) != 5:
+            continue
+        kernel, into, out = parse_tuple(c.tracer.shape[w])[2:], ins[0][2:], outs[0][2:]
+        # a dimension a convolution leaves alone: kernel 1, and as many outputs as inputs
+        # (stride 1, no padding); frames it may also take every s-th of (no more outputs than
+        # inputs: no padding), each a Conv2d
+        alone = [kernel[d] == 1 and into[d] == out[d] for d in range(3)]
+        span = "time only" if alone[1] and alone[2] else "space only" if kernel[0] == 1 and out[0] <= into[0] else ""
+        found = same if m in c.members and kind[m] == kind[c.e] else other
+        found.setdefault(str(view.ops.at[e, "module"]), (span, kernel, ins[0]))
+    return same, {m: v for m, v in other.items() if m not in same}
 
 
 @register_fix(patterns.WEIGHT_FORMAT.name)

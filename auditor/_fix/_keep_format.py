@@ -13,6 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .._measure._harness import torch_threads
 from .._recording._formats import channels_last_order, logical_order
 from ._convert import CHANNELS_LAST_OF_RANK
 
@@ -146,10 +147,12 @@ class TemporalConv(nn.Module):
 
 
 class FrameConv(nn.Module):
-    """Drop-in for a ``Conv3d`` whose kernel, stride and padding span space only, (1, kh, kw):
-    the same sums computed as a ``Conv2d`` over each frame, on the (N·T, C, H, W) view of a
-    channels_last_3d input (a view in that format only: any other input goes to the Conv3d
-    itself, so a model run contiguous is as before). Keeps the Conv3d's Parameters."""
+    """Drop-in for a ``Conv3d`` whose kernel spans space only, (1, kh, kw), without padding in
+    time: the same sums computed as a ``Conv2d`` over each frame (every ``stride[0]``-th one),
+    on the (N·T, C, H, W) view of a channels_last_3d input (a view in that format only: any
+    other input goes to the Conv3d itself, so a model run contiguous is as before; frames taken
+    with a stride that does not divide T are copied in that format first). Keeps the Conv3d's
+    Parameters."""
 
     def __init__(self, conv: nn.Conv3d):
         super().__init__()
@@ -158,7 +161,7 @@ class FrameConv(nn.Module):
     @classmethod
     def from_module(cls, module: nn.Module) -> FrameConv:
         _plain_conv3d(module)
-        if not _spans_only(module, (0,)):
+        if not (_spans_only(module, ()) and module.kernel_size[0] == 1 and module.padding[0] == 0):
             raise ValueError(f"{_settings(module)} spans more than space: it is no Conv2d over each frame")
         return cls(module)
 
@@ -166,6 +169,10 @@ class FrameConv(nn.Module):
         if x.dim() != 5 or not x.is_contiguous(memory_format=torch.channels_last_3d):
             return self.conv(x)
         c = self.conv
+        step = c.stride[0]
+        if step > 1:
+            whole = x.shape[2] % step == 0 or x.shape[0] == 1  # then the frames are one (N·T) dimension
+            x = x[:, :, ::step] if whole else x[:, :, ::step].contiguous(memory_format=torch.channels_last_3d)
         n, t = x.shape[0], x.shape[2]
         y = F.conv2d(x.transpose(1, 2).flatten(0, 1), c.weight.squeeze(2), c.bias, c.stride[1:], c.padding[1:],
                      c.dilation[1:], c.groups)
@@ -179,7 +186,7 @@ def _plain_conv3d(module: nn.Module) -> None:
 
 def _spans_only(conv: nn.Conv3d, flat: tuple[int, ...]) -> bool:
     """Whether ``conv`` leaves the dimensions ``flat`` (0 time, 1 height, 2 width) alone: kernel,
-    stride and dilation 1 there, no padding, and padding given as sizes (not "same")."""
+    stride and dilation 1 there, no padding; and its padding is given as sizes (not "same")."""
     return (isinstance(conv.padding, tuple) and conv.padding_mode == "zeros"
             and all(conv.kernel_size[d] == 1 and conv.stride[d] == 1 and conv.padding[d] == 0
                     and conv.dilation[d] == 1 for d in flat))
@@ -266,6 +273,17 @@ BROADCAST_SWAPS = {nn.Upsample: BroadcastUpsample.from_module}
 CONV_SWAPS = {nn.Conv3d: conv3d_keep_format}
 
 _EVERY_SWAP = {**SWAPS, **BROADCAST_SWAPS, **CONV_SWAPS}
+
+
+def loses_format(module: nn.Module, shape: tuple[int, ...], threads: int | None = None) -> bool:
+    """Whether ``module`` writes another format when fed a channels_last input of ``shape``, in
+    its parameters' dtype and on their device, at ``threads`` intra-op threads (None: as they
+    are): the kernel a convolution runs, and so the format it writes, depends on all of them."""
+    weight = next(module.parameters())
+    fmt = CHANNELS_LAST_OF_RANK[len(shape)]
+    x = torch.zeros(shape, dtype=weight.dtype, device=weight.device).to(memory_format=fmt)
+    with torch.no_grad(), torch_threads(threads):
+        return not module(x).is_contiguous(memory_format=fmt)
 
 
 def keep_format(module: nn.Module) -> nn.Module:

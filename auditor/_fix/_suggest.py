@@ -36,7 +36,7 @@ from ._hooks import (
     remove_input_formats,
     set_conv_format,
 )
-from ._keep_format import swap_module
+from ._keep_format import loses_format, swap_module
 from ._patch import CodePatch, EditError, SourceEdit, one_scan, patch_functions, unified_diff
 
 __all__ = ["APPLY_COLUMNS", "BY_HAND", "EDIT", "FIX_COLUMNS", "REGION", "SWAP", "VERIFY_COLUMNS", "WEIGHT", "Fixes", "suggest_fixes"]
@@ -717,6 +717,12 @@ def _applied(groups: list[tuple[Fixes, list[int]]], model: nn.Module, *copies: n
             fn()
 
 
+def _losing(model: nn.Module, latent: Iterable[tuple[str, tuple[int, ...]]], threads: int | None) -> list[str]:
+    """The modules among ``latent`` ((name, input shape) pairs) that write another format when
+    fed channels_last at that shape, here: a kernel choice only the running torch knows."""
+    return [name for name, shape in latent if loses_format(model.get_submodule(name), shape, threads)]
+
+
 def _change_model(model: nn.Module, frame: pd.DataFrame, proposals: Mapping[int, Proposal],
                   numbers: list[int]) -> tuple[list[Callable[[], None]], dict[int, tuple[bool, str]]]:
     """The fixes among ``numbers`` that change the model (swaps, weights, regions), made in
@@ -735,6 +741,8 @@ def _change_model(model: nn.Module, frame: pd.DataFrame, proposals: Mapping[int,
         elif action == SWAP:
             modules = (p.extra.get("modules") if p is not None else None) or [r["module"]]
             table = p.extra.get("table") if p is not None else None
+            latent = _losing(model, p.extra.get("latent", ()), p.extra.get("threads")) if p is not None else []
+            modules = [*modules, *latent]
             swapped, failures = [], []
             for name in modules:
                 if name in swapped_by:
@@ -752,6 +760,8 @@ def _change_model(model: nn.Module, frame: pd.DataFrame, proposals: Mapping[int,
                 swapped_by[name] = n
                 swapped.append(f"{name} is now {type(new).__name__}")
             what = "; ".join(swapped[:2]) + (f" (and {len(swapped) - 2} more)" if len(swapped) > 2 else "")
+            if latent:
+                what += f"; {len(latent)} of them only lost the format once fed it (asked of this torch's kernels)"
             if failures:
                 what += ("; " if what else "") + f"not applied: {failures[0]}"
             done[n] = (bool(swapped) and not failures, what)
@@ -829,7 +839,7 @@ def suggest_fixes(audit: Audit) -> Fixes:
     backward = bool((ops["phase"] == "backward").any())
     rows, proposals = [], []
     with one_scan():
-        found_proposals = {c.cause: propose(view, tracer, c) for c in causes.itertuples()}
+        found_proposals = {c.cause: propose(view, tracer, c, audit.threads) for c in causes.itertuples()}
     for cause in causes.itertuples():
         p = found_proposals[cause.cause]
         if p is None:  # no generator has a fix for it: reported, by hand
