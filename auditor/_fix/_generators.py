@@ -563,10 +563,10 @@ def _whole_slice_fix(c: CauseView) -> Proposal | None:
 def _conv_swap_fix(c: CauseView) -> Proposal | None:
     """A convolution without a channels_last kernel for its shape whose sums another convolution
     that has one computes: a Conv3d that spans time only, (k, 1, 1), as a Conv2d over (T, H·W);
-    one that spans space only, (1, kh, kw), as a Conv2d over each frame (or every s-th). The swap names the
-    cause's convolutions that span one of them, and says which it leaves; the others at its line,
-    fed another format by the first, are tried: those that lose the format when fed it are
-    swapped too (:func:`~._keep_format.loses_format`, where the model is at hand)."""
+    one that spans space only, (1, kh, kw), as a Conv2d over each frame (or every s-th). The
+    swap names the cause's convolutions that span one of them, and says which it leaves; the
+    others at its line, fed another format by the first, are tried: those that lose the format
+    when fed it are swapped too (:func:`~._keep_format.loses_format`, where the model is at hand)."""
     typ = _torch_module_type(c.module_type, CONV_SWAPS)
     if typ is None:
         return None
