@@ -752,6 +752,8 @@ def test_a_copy_in_a_helper_with_no_weight_is_made_at_the_call_in_the_format_of_
     assert labels[0] == "the copy of the channels_last view dropped"
     assert labels[1].startswith("the copy of the channels_last view dropped, and made where ")
     assert labels[1].endswith("calls features, in the format of self.head.weight")
+    shown = fixes._proposals[n].extra["candidates"][1].suggestion.splitlines()
+    assert [line.startswith(("return ", "# and at ", "feats = ")) for line in shown] == [True] * 3, shown
     table = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=2)
     row = table[(table["kind"] == "fix") & (table["fix"] == n)].iloc[0]
     assert row["applied"] and row["same_outputs"] and row["hotspots_after"] == 0, row["reason"]

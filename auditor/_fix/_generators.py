@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import linecache
+import textwrap
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -1018,7 +1019,9 @@ def _copy_at_the_call(c: CauseView) -> Candidate | None:
         new = rw.rewrite(statement, [(rewrite, facts)])
     except rw.Refused:
         return None
-    shown = f"{here.suggestion}\n# and at {short_source(f'{path}:{statement.first}')}:\n{new.rstrip()}"
+    # each statement from the first column, as the display shows one alone (it dedents code)
+    shown = (f"{textwrap.dedent(here.suggestion)}\n# and at {short_source(f'{path}:{statement.first}')}:\n"
+             f"{textwrap.dedent(new).rstrip()}")
     return Candidate(label, here.edit, here.line, shown, more=((statement, rewrite, facts),))
 
 
