@@ -9,6 +9,8 @@ Each computes the same values as the module it replaces: ``SoftmaxKeepFormat`` f
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -199,16 +201,12 @@ def _settings(conv: nn.Conv3d) -> str:
 def conv3d_keep_format(module: nn.Module) -> nn.Module:
     """A ``Conv3d`` that spans time only as a :class:`TemporalConv`, one that spans space only
     as a :class:`FrameConv`; ValueError for one that spans both."""
-    try:
-        return TemporalConv.from_module(module)
-    except ValueError as temporal:
-        if str(temporal).endswith("is no plain Conv3d"):
-            raise
-    try:
-        return FrameConv.from_module(module)
-    except ValueError:
-        raise ValueError(f"{_settings(module)} spans both time and space: it is no Conv2d over (T, H·W) nor over "
-                         "each frame") from None
+    _plain_conv3d(module)  # then either refuses only for what the convolution spans
+    for swap in (TemporalConv, FrameConv):
+        with contextlib.suppress(ValueError):
+            return swap.from_module(module)
+    raise ValueError(f"{_settings(module)} spans both time and space: it is no Conv2d over (T, H·W) nor over "
+                     "each frame")
 
 
 class BroadcastUpsample(nn.Module):
