@@ -16,6 +16,7 @@ from planted import make, make_cause
 
 import auditor
 from auditor import _plan as plan
+from auditor._api import TIMED_THREADS
 from auditor._display._text import short_source
 from auditor._fix import _convert, _generators, _hooks, _keep_format, _suggest
 from auditor._measure import _harness
@@ -243,6 +244,12 @@ def test_keep_format_computes_a_conv3d_that_spans_time_only_or_space_only_as_a_c
         assert got.is_contiguous(memory_format=CL3) == (fmt == CL3) and got.is_contiguous() == (fmt != CL3)
 
 
+def _at_audit_threads():
+    """The thread count a timed audit's step runs at, which picks a Conv3d's kernel (at one
+    thread a small batch runs ``slow_conv3d``; with more, oneDNN may keep the format)."""
+    return _harness.torch_threads(TIMED_THREADS)
+
+
 class TimeThenFrame(nn.Module):
     """Two Conv3d and a pointwise head that run at one line: at a small batch the (k, 1, 1) and
     (1, 1, 1) ones have no channels_last_3d kernel here (they lose it), and the (1, 3, 3) one,
@@ -263,7 +270,7 @@ def test_a_conv3d_swap_names_the_convolutions_that_lose_the_format_and_no_sympto
     torch.manual_seed(0)
     model = TimeThenFrame().to(memory_format=CL3)
     x = torch.randn(2, 3, 4, 8, 8).to(memory_format=CL3)
-    losing = convs_that_lose(model, (x,))  # those fed channels_last that wrote another format
+    losing = convs_that_lose(model, (x,), _at_audit_threads)  # fed channels_last, wrote another format
     if "body.0" not in losing:
         pytest.skip("the first Conv3d has a channels_last_3d kernel on this machine: the second is fed its format")
     fixes = auditor.suggest_fixes(auditor.audit(model, x))
@@ -287,7 +294,8 @@ def test_a_conv3d_swap_tries_the_convolutions_its_cause_fed_another_format_at_it
     x = torch.randn(1, 3, 4, 8, 8).to(memory_format=CL3)
     convs = {"body.0": model.body[0], "body.1": model.body[1], "head": model.head}
     alone = {name for name, conv in convs.items()
-             if convs_that_lose(conv, (torch.randn(1, conv.in_channels, 4, 8, 8).to(memory_format=CL3),))}
+             if convs_that_lose(conv, (torch.randn(1, conv.in_channels, 4, 8, 8).to(memory_format=CL3),),
+                                _at_audit_threads)}
     if alone != set(convs):
         pytest.skip(f"only {sorted(alone)} of the model's Conv3d have no channels_last_3d kernel at batch 1 here")
     ref = model(x)
@@ -323,7 +331,8 @@ def test_conv3d_swaps_that_expose_the_next_convolution_are_made_round_after_roun
     model = FrameThenTime().to(memory_format=CL3)
     x = torch.randn(1, 3, 4, 8, 8).to(memory_format=CL3)
     alone = {name for name, conv in model.named_children()
-             if convs_that_lose(conv, (torch.randn(1, conv.in_channels, 4, 8, 8).to(memory_format=CL3),))}
+             if convs_that_lose(conv, (torch.randn(1, conv.in_channels, 4, 8, 8).to(memory_format=CL3),),
+                                _at_audit_threads)}
     if alone != {"frame", "time", "head"}:
         pytest.skip(f"only {sorted(alone)} of the model's Conv3d have no channels_last_3d kernel at batch 1 here")
     ref = model(x)
