@@ -9,8 +9,6 @@ Each computes the same values as the module it replaces: ``SoftmaxKeepFormat`` f
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -122,23 +120,24 @@ class GlobalAvgPool(nn.Module):
         return f"dims={self.dims}"
 
 
-class TemporalConv(nn.Module):
-    """Drop-in for a ``Conv3d`` whose kernel, stride and padding span time only, (k, 1, 1): the
-    same sums computed as a ``Conv2d`` over (T, H·W), on a view of its channels_last_3d input.
-    Where a Conv3d has no channels_last_3d kernel for such a shape (a small batch on CPU runs
-    ``slow_conv3d``, which writes contiguous), the Conv2d has a channels_last one. Keeps the
-    Conv3d's ``weight`` and ``bias`` Parameters."""
+class _Conv3dAsConv2d(nn.Module):
+    """A plain ``Conv3d`` whose sums a ``Conv2d`` computes (each subclass's ``takes`` says for
+    which settings), with the Conv3d's ``weight`` and ``bias`` Parameters."""
 
     def __init__(self, conv: nn.Conv3d):
         super().__init__()
         self.conv = conv
 
-    @classmethod
-    def from_module(cls, module: nn.Module) -> TemporalConv:
-        _plain_conv3d(module)
-        if not _spans_only(module, (1, 2)):
-            raise ValueError(f"{_settings(module)} spans more than time: it is no Conv2d over (T, H·W)")
-        return cls(module)
+
+class TemporalConv(_Conv3dAsConv2d):
+    """Drop-in for a ``Conv3d`` whose kernel, stride and padding span time only, (k, 1, 1): the
+    same sums computed as a ``Conv2d`` over (T, H·W), on a view of its channels_last_3d input.
+    Where a Conv3d has no channels_last_3d kernel for such a shape (a small batch on CPU runs
+    ``slow_conv3d``, which writes contiguous), the Conv2d has a channels_last one."""
+
+    @staticmethod
+    def takes(conv: nn.Conv3d) -> bool:
+        return _spans_only(conv, (1, 2))
 
     def forward(self, x):
         c = self.conv
@@ -148,24 +147,16 @@ class TemporalConv(nn.Module):
         return y.unflatten(3, (h, w))
 
 
-class FrameConv(nn.Module):
+class FrameConv(_Conv3dAsConv2d):
     """Drop-in for a ``Conv3d`` whose kernel spans space only, (1, kh, kw), without padding in
     time: the same sums computed as a ``Conv2d`` over each frame (every ``stride[0]``-th one),
     on the (N·T, C, H, W) view of a channels_last_3d input (a view in that format only: any
     other input goes to the Conv3d itself, so a model run contiguous is as before; frames taken
-    with a stride that does not divide T are copied in that format first). Keeps the Conv3d's
-    Parameters."""
+    with a stride that does not divide T are copied in that format first)."""
 
-    def __init__(self, conv: nn.Conv3d):
-        super().__init__()
-        self.conv = conv
-
-    @classmethod
-    def from_module(cls, module: nn.Module) -> FrameConv:
-        _plain_conv3d(module)
-        if not (_spans_only(module, ()) and module.kernel_size[0] == 1 and module.padding[0] == 0):
-            raise ValueError(f"{_settings(module)} spans more than space: it is no Conv2d over each frame")
-        return cls(module)
+    @staticmethod
+    def takes(conv: nn.Conv3d) -> bool:
+        return _spans_only(conv, ()) and conv.kernel_size[0] == 1 and conv.padding[0] == 0
 
     def forward(self, x):
         if x.dim() != 5 or not x.is_contiguous(memory_format=torch.channels_last_3d):
@@ -181,11 +172,6 @@ class FrameConv(nn.Module):
         return y.unflatten(0, (n, t)).transpose(1, 2)
 
 
-def _plain_conv3d(module: nn.Module) -> None:
-    if not isinstance(module, nn.Conv3d) or type(module).forward is not nn.Conv3d.forward:
-        raise ValueError(f"{type(module).__name__} is no plain Conv3d")
-
-
 def _spans_only(conv: nn.Conv3d, flat: tuple[int, ...]) -> bool:
     """Whether ``conv`` leaves the dimensions ``flat`` (0 time, 1 height, 2 width) alone: kernel,
     stride and dilation 1 there, no padding; and its padding is given as sizes (not "same")."""
@@ -194,19 +180,17 @@ def _spans_only(conv: nn.Conv3d, flat: tuple[int, ...]) -> bool:
                     and conv.dilation[d] == 1 for d in flat))
 
 
-def _settings(conv: nn.Conv3d) -> str:
-    return f"Conv3d(kernel {conv.kernel_size}, stride {conv.stride}, padding {conv.padding})"
-
-
 def conv3d_keep_format(module: nn.Module) -> nn.Module:
     """A ``Conv3d`` that spans time only as a :class:`TemporalConv`, one that spans space only
-    as a :class:`FrameConv`; ValueError for one that spans both."""
-    _plain_conv3d(module)  # then either refuses only for what the convolution spans
-    for swap in (TemporalConv, FrameConv):
-        with contextlib.suppress(ValueError):
-            return swap.from_module(module)
-    raise ValueError(f"{_settings(module)} spans both time and space: it is no Conv2d over (T, H·W) nor over "
-                     "each frame")
+    as a :class:`FrameConv`; ValueError for one that spans both, or a Conv3d with a ``forward``
+    of its own."""
+    if not isinstance(module, nn.Conv3d) or type(module).forward is not nn.Conv3d.forward:
+        raise ValueError(f"{type(module).__name__} is no plain Conv3d")
+    swap = next((s for s in (TemporalConv, FrameConv) if s.takes(module)), None)
+    if swap is None:
+        raise ValueError(f"Conv3d(kernel {module.kernel_size}, stride {module.stride}, padding {module.padding}) "
+                         "spans both time and space: it is no Conv2d over (T, H·W) nor over each frame")
+    return swap(module)
 
 
 class BroadcastUpsample(nn.Module):
