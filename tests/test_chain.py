@@ -2,8 +2,12 @@
 tokens folded into a map over several statements). The rewrite is written in the source's own
 size expressions, so it must hold at sizes other than the recorded ones."""
 
+import math
+
 import pytest
 import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from auditor._fix import _chain
 
@@ -92,3 +96,66 @@ def test_the_unfold_reads_a_channels_last_map_in_its_memory_order_at_every_size(
         names = dict(B=B, C=C, num_patch_h=nph, num_patch_w=npw, patch_h=ph, patch_w=pw,
                      patch_area=ph * pw, num_patches=nph * npw, x=x)
         assert torch.equal(eval(text, {}, names), _run(x, steps))
+
+
+@st.composite
+def chains(draw):
+    """A map (B, C, H, W) or (B, C, T, H, W) and 1–5 random steps: permutes, transposes, and
+    reshapes that merge two neighbouring dimensions or split one at a divisor, each size written
+    as a literal or left to the chain (-1)."""
+    rank = draw(st.sampled_from([4, 5]))
+    shape = draw(st.lists(st.sampled_from([1, 2, 3, 4, 6]), min_size=rank, max_size=rank)
+                 .filter(lambda s: math.prod(s) > 1))
+    sizes, steps = list(shape), []
+    for _ in range(draw(st.integers(1, 5))):
+        kind = draw(st.sampled_from(["permute", "transpose", "merge", "split"]))
+        if kind == "permute":
+            order = draw(st.permutations(range(len(sizes))))
+            steps.append(("permute", tuple(order)))
+            sizes = [sizes[i] for i in order]
+        elif kind == "transpose":
+            a, b = draw(st.lists(st.integers(0, len(sizes) - 1), min_size=2, max_size=2, unique=True))
+            steps.append(("transpose", a, b))
+            sizes[a], sizes[b] = sizes[b], sizes[a]
+        else:
+            if kind == "merge" and len(sizes) >= 2:
+                i = draw(st.integers(0, len(sizes) - 2))
+                sizes[i:i + 2] = [sizes[i] * sizes[i + 1]]
+            else:
+                i = draw(st.integers(0, len(sizes) - 1))
+                a = draw(st.sampled_from([d for d in range(1, sizes[i] + 1) if sizes[i] % d == 0]))
+                sizes[i:i + 1] = [a, sizes[i] // a]
+            exprs = [draw(st.sampled_from([str(v), None])) for v in sizes]
+            steps.append(("reshape", tuple(sizes), exprs))
+    return tuple(shape), steps
+
+
+def _memory_format(rank):
+    return {4: torch.channels_last, 5: torch.channels_last_3d}.get(rank)
+
+
+@settings(max_examples=300, deadline=None)
+@given(chains())
+def test_every_chain_of_factors_is_gathered_and_read_in_nhwc_order_exactly(case):
+    """The algebra over random chains, not only the folds the engine met: wherever a chain is
+    one permutation of its input's factors, the one-copy gather in NHWC order puts every element
+    where the steps put it, and so does the NHWC read of the input. Where the gather copies (a
+    reshape that cannot view), its copy is written in NHWC order: a channels_last view of it."""
+    shape, steps = case
+    try:
+        chain = _chain.build("x", shape, steps)
+    except _chain.NotAPermutation:
+        assume(False)
+    x = torch.randn(shape)
+    want = _run(x, steps)
+    assert chain.shape() == tuple(want.shape)
+    assume(want.dim() >= 3)
+    assert _chain.gathers_the_same(shape, steps, chain)
+    got = eval(_chain.nhwc_text(chain), {}, {"x": x})
+    assert torch.equal(got, want)
+    copied = got.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+    if copied and _memory_format(got.dim()) is not None:
+        assert got.is_contiguous(memory_format=_memory_format(got.dim()))
+    assert _chain.splits_the_same(shape, steps, chain)
+    read = eval(_chain.split_text(chain, len(shape)), {}, {"x": x.contiguous(memory_format=_memory_format(len(shape)))})
+    assert torch.equal(read, want)
