@@ -115,3 +115,93 @@ def test_the_probe_asks_the_running_torch():
 def test_keep_format_names_the_replacements():
     assert auditor.keep_format.roi_align is roi_align
     assert "roi_align" in auditor.keep_format.__doc__
+
+
+# -- the fix engine offers the replacement, and verify proves it --------------------------------------
+
+
+def _rewrite(change, text):
+    from auditor._fix import _rewrite as rw
+
+    return rw.rewrite(rw.Statement("f.py", 1, 1, text), [(change, rw.Facts(taken=frozenset({"x", "rois"})))])
+
+
+def test_the_op_call_becomes_the_replacement_s_call():
+    from auditor._fix._replace import ROI_ALIGN, ReplaceCall
+
+    text = "    return torch.ops.torchvision.roi_align(x, rois, 0.25, size[0], size[1], 2, False)  # pool\n"
+    assert _rewrite(ReplaceCall(ROI_ALIGN), text) == (
+        "    from auditor import keep_format\n"
+        "    return keep_format.roi_align(x, rois, (size[0], size[1]), 0.25, 2, False)  # pool\n")
+
+
+def test_a_call_of_the_public_function_keeps_its_arguments():
+    from auditor._fix._replace import ROI_ALIGN, ReplaceCall
+
+    text = "    y = torchvision.ops.roi_align(x, rois, output_size=7, aligned=True)\n"
+    facts_taken = _rewrite(ReplaceCall(ROI_ALIGN), text)
+    assert facts_taken == ("    from auditor import keep_format\n"
+                           "    y = keep_format.roi_align(x, rois, output_size=7, aligned=True)\n")
+
+
+def test_a_taken_name_is_not_shadowed():
+    from auditor._fix import _rewrite as rw
+    from auditor._fix._replace import ROI_ALIGN, ReplaceCall
+
+    st = rw.Statement("f.py", 1, 1, "y = roi_align(x, b, 7)\n")
+    new = rw.rewrite(st, [(ReplaceCall(ROI_ALIGN), rw.Facts(taken=frozenset({"keep_format"})))])
+    assert new == "from auditor import keep_format as keep_format2\ny = keep_format2.roi_align(x, b, 7)\n"
+
+
+def test_two_calls_on_a_line_are_refused():
+    from auditor._fix import _rewrite as rw
+    from auditor._fix._replace import ROI_ALIGN, ReplaceCall
+
+    with pytest.raises(rw.Refused):
+        _rewrite(ReplaceCall(ROI_ALIGN), "y = roi_align(a, b, 7) + roi_align(c, b, 7)\n")
+
+
+class _Pooled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.b = torch.nn.Conv2d(8, 4, 3, padding=1)
+        self.register_buffer("boxes", torch.tensor([[0, 1.0, 1.0, 10.0, 12.0], [1, 3.0, 2.0, 14.0, 9.0],
+                                                    [1, -2.0, 5.0, 30.0, 40.0]]))
+
+    def forward(self, x):
+        return self.b(torchvision.ops.roi_align(self.a(x), self.boxes, 7, 0.5, 2))
+
+
+def _pooled():
+    torch.manual_seed(0)
+    model = _Pooled().to(memory_format=CL)
+    return model, torch.randn(2, 3, 32, 32).to(memory_format=CL)
+
+
+def test_the_engine_replaces_roi_align_where_it_loses_the_format_and_verify_proves_it():
+    forward, backward = roi_align_loses_format("cpu", torch.float32)
+    if not (forward or backward):
+        pytest.skip("torchvision's roi_align keeps channels_last on this torch")
+    model, x = _pooled()
+    fixes = auditor.suggest_fixes(auditor.audit(model, x))
+    row = fixes.frame[fixes.frame["op"].str.startswith("torchvision.roi_align")].iloc[0]
+    assert row["action"] == "edit source" and row["automatic"]
+    assert "keep_format.roi_align(" in row["suggestion"]
+    table = fixes.verify(model, x)
+    fix = table[table["kind"] == "fix"].iloc[0]
+    assert fix["applied"] and fix["same_outputs"]
+    assert fix["hotspots_before"] > 0 and fix["hotspots_after"] == 0
+    assert fix["contiguous_hotspots_after"] <= fix["contiguous_hotspots_before"]
+
+
+def test_the_engine_does_not_offer_it_where_the_op_keeps_the_format(monkeypatch):
+    """Offered only where the running torch says the op loses the format: a torch whose op
+    kept it gets no replacement."""
+    from auditor._fix import _replace
+
+    model, x = _pooled()
+    audit = auditor.audit(model, x)
+    monkeypatch.setattr(_replace, "loses_here", lambda *a: (False, False))
+    fixes = auditor.suggest_fixes(audit)
+    assert not fixes.frame["suggestion"].str.contains("keep_format.roi_align").any()

@@ -217,7 +217,7 @@ def _facts(c: CauseView, fns: list[types.FunctionType], dims: tuple[int, ...] = 
     return rw.Facts(cl=c.cl_name, rank=c.rank, torch=torch_name, dims=dims, taken=frozenset(taken))
 
 
-def _statement_edit(c: CauseView, rewrite: str, dims: tuple[int, ...] = (), span: int = 1,
+def _statement_edit(c: CauseView, rewrite: str | Callable, dims: tuple[int, ...] = (), span: int = 1,
                     **shown) -> Proposal:
     """An edit of ``c``'s statement by the rewrite named ``rewrite`` (a function of
     :mod:`._rewrite`): tried now, on the statement as it is, so
@@ -228,7 +228,7 @@ def _statement_edit(c: CauseView, rewrite: str, dims: tuple[int, ...] = (), span
 
     from . import _rewrite as rw
 
-    rewrite = getattr(rw, rewrite)
+    rewrite = getattr(rw, rewrite) if isinstance(rewrite, str) else rewrite
     detail = shown.pop("detail", c.row.fix)
     if c.path is None:
         return c.proposal(EDIT, f"{detail} (audit with record_source=True for the line)",
@@ -255,6 +255,36 @@ def _statement_edit(c: CauseView, rewrite: str, dims: tuple[int, ...] = (), span
 
 
 # -- the generators --------------------------------------------------------------------------------
+
+
+@register_fix(patterns.NO_CL_KERNEL.name, patterns.JOINS.name, patterns.LOSES.name)
+def _replacement_fix(c: CauseView) -> Proposal | None:
+    """An op with a format-keeping replacement (:mod:`._replace`), where the running torch says
+    the op loses the format in the cause's phase on the cause's device and dtype: its call on
+    the cause's line becomes the replacement's. Tried first: a replacement keeps channels_last
+    around the op, where a region kept contiguous gives it up (the last resort)."""
+    from ._replace import ReplaceCall, loses_here, replacement_of
+
+    found = replacement_of(str(c.tracer.op[c.forward]))
+    if found is None:
+        return None
+    t = c.view.tensors
+    first = t[(t["seq"] == c.forward) & (t["role"] == "input")]
+    if not len(first):
+        return None
+    device, dtype = str(first["device"].iloc[0]), getattr(torch, str(first["dtype"].iloc[0]), None)
+    if not isinstance(dtype, torch.dtype):
+        return None
+    forward, backward = loses_here(found, device, dtype)
+    lost = backward if c.view.phase[c.e] == "backward" else forward or backward
+    if not lost:
+        return None
+    where = " and ".join(w for w, on in (("output", forward), ("input's gradient", backward)) if on)
+    change = ReplaceCall(found)
+    return _statement_edit(c, change, detail=(
+        f"{c.what}: {found.op} writes its {where} contiguous for a {c.cl_name} map on this torch ({device}, "
+        f"{str(dtype).removeprefix('torch.')}; asked with one small map); {found.describe()} computes the same "
+        "values on the NHWC view and keeps the format"))
 
 
 @register_fix(patterns.EXPLICIT_COPY.name, patterns.JOINS.name, patterns.LOSES.name)
