@@ -205,3 +205,100 @@ def test_the_engine_does_not_offer_it_where_the_op_keeps_the_format(monkeypatch)
     monkeypatch.setattr(_replace, "loses_here", lambda *a: (False, False))
     fixes = auditor.suggest_fixes(audit)
     assert not fixes.frame["suggestion"].str.contains("keep_format.roi_align").any()
+
+
+# -- a product whose backward keeps each gradient in its input's order ---------------------------------
+
+
+from auditor._fix._matmul import matmul  # noqa: E402
+
+
+def _views(b=2, c=5, h=3, w=4):
+    torch.manual_seed(1)
+    f1 = torch.randn(b, c, h, w, dtype=torch.float64).to(memory_format=CL).requires_grad_()
+    f2 = torch.randn(b, c, h, w, dtype=torch.float64).to(memory_format=CL).requires_grad_()
+    return f1, f2
+
+
+@pytest.mark.parametrize("form", ["correlation", "row_major", "both_column_major", "two_d"])
+def test_matmul_matches_torch_and_keeps_each_gradient_in_its_input_s_order(form):
+    f1, f2 = _views()
+    b, c, h, w = f1.shape
+    if form == "correlation":
+        def operands(x, y):
+            return x.view(b, c, h * w).transpose(1, 2), y.view(b, c, h * w)
+    elif form == "row_major":
+        def operands(x, y):
+            return x.view(b, c, h * w).transpose(1, 2), y.view(b, c, h * w).transpose(1, 2).transpose(1, 2).contiguous()
+    elif form == "both_column_major":
+        def operands(x, y):
+            return x.view(b, c, h * w), y.view(b, c, h * w).transpose(1, 2)
+    else:
+        def operands(x, y):
+            return x[0].view(c, h * w).transpose(0, 1), y[0].view(c, h * w)
+    want = torch.matmul(*operands(f1, f2))
+    got = matmul(*operands(f1, f2))
+    _close(got, want)
+    g = torch.randn_like(want)
+    want_grads = torch.autograd.grad(want, (f1, f2), g)
+    got_grads = torch.autograd.grad(got, (f1, f2), g)
+    for a, e in zip(got_grads, want_grads):
+        _close(a, e)
+    if form in ("correlation", "both_column_major"):
+        assert all(x.is_contiguous(memory_format=CL) and not x.is_contiguous() for x in got_grads)
+        assert not all(x.is_contiguous(memory_format=CL) for x in want_grads)  # what torch.matmul does
+
+
+def test_matmul_of_broadcast_batches_is_torch_s():
+    a = torch.randn(3, 4, 5, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(5, 2, dtype=torch.float64, requires_grad=True)
+    _close(matmul(a, b), torch.matmul(a, b))
+
+
+def test_keep_format_names_matmul():
+    assert auditor.keep_format.matmul is matmul
+
+
+@pytest.mark.parametrize("text, operands", [
+    ("corr = torch.matmul(a.transpose(1, 2), b)\n", "a.transpose(1, 2), b"),
+    ("corr = torch.bmm(a, b) / 2\n", "a, b"),
+    ("corr = a.mT @ b\n", "a.mT, b"),
+    ("corr = a.matmul(b)\n", "a, b"),
+])
+def test_the_product_becomes_keep_format_matmul(text, operands):
+    from auditor._fix._replace import ReplaceProduct
+
+    new = _rewrite(ReplaceProduct(), text)
+    assert new.splitlines()[0] == "from auditor import keep_format"
+    assert f"keep_format.matmul({operands})" in new.splitlines()[1]
+
+
+class _Correlation(torch.nn.Module):
+    """Two images through one encoder, split, and correlated as RAFT's CorrBlock does."""
+
+    def __init__(self):
+        super().__init__()
+        self.enc = torch.nn.Conv2d(3, 16, 3, padding=1, stride=2)
+        self.head = torch.nn.Conv2d(64, 8, 1)
+
+    def forward(self, img1, img2):
+        fmaps = self.enc(torch.cat([img1, img2], dim=0))
+        fmap1, fmap2 = torch.chunk(fmaps, chunks=2, dim=0)
+        b, c, h, w = fmap1.shape
+        corr = torch.matmul(fmap1.view(b, c, h * w).transpose(1, 2), fmap2.view(b, c, h * w))
+        return self.head(corr.view(b, h * w, h, w))
+
+
+def test_the_engine_makes_the_correlation_keep_both_gradients_and_verify_proves_it():
+    torch.manual_seed(0)
+    model = _Correlation().to(memory_format=CL)
+    x = torch.randn(2, 3, 16, 16).to(memory_format=CL)
+    y = torch.randn(2, 3, 16, 16).to(memory_format=CL)
+    fixes = auditor.suggest_fixes(auditor.audit(model, x, y))
+    rows = fixes.frame[fixes.frame["suggestion"].str.contains("keep_format.matmul", regex=False)]
+    assert len(rows) == 1 and rows.iloc[0]["action"] == "edit source" and rows.iloc[0]["automatic"]
+    assert "torch.matmul(fmap1" not in rows.iloc[0]["suggestion"]
+    table = fixes.verify(model, x, y)
+    fix = table[(table["kind"] == "fix") & (table["fix"] == rows.iloc[0]["fix"])].iloc[0]
+    assert fix["applied"] and fix["same_outputs"], fix["reason"]
+    assert fix["hotspots_after"] < fix["hotspots_before"]

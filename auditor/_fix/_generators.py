@@ -257,6 +257,51 @@ def _statement_edit(c: CauseView, rewrite: str | Callable, dims: tuple[int, ...]
 # -- the generators --------------------------------------------------------------------------------
 
 
+@register_fix(patterns.JOINS.name, patterns.LOSES.name)
+def _product_backward_fix(c: CauseView) -> Proposal | None:
+    """A backward op that reads a gradient a product's backward wrote row-major for an input
+    that was a column-major view (a (B, C, H·W) view of a channels_last map, as in a correlation
+    ``fmap1.mT @ fmap2``): the product, on its own line, becomes ``keep_format.matmul``, whose
+    backward writes each gradient in its input's order (same products). Found through the
+    views between the two; offered only where the product's recorded inputs include such a view."""
+    import copy
+
+    from ._replace import PRODUCTS, ReplaceProduct
+
+    view, fseq = c.view, c.tracer.forward_seq
+    if view.phase[c.e] != "backward":
+        return None
+    todo, seen, product = [p for p in view.graph.input_producers(c.e) if p >= 0], set(), -1
+    while todo and len(seen) < 64:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        f = int(fseq[p])
+        if view.op[p] in PRODUCTS and f >= 0 and view.op[f] in PRODUCTS:
+            product = f
+            break
+        if view.kind[p] == VIEW or view.op[p] in _VIEWS:
+            todo += [q for q in view.graph.input_producers(p) if q >= 0]
+    if product < 0:
+        return None
+    t = view.tensors
+    ins = t[(t["seq"] == product) & (t["role"] == "input")]
+    column_major = False
+    for shape, strides in zip(ins["shape"].astype(str), ins["strides"].astype(str)):
+        sh, st = parse_tuple(shape), parse_tuple(strides)
+        column_major |= len(st) >= 2 and st[-2] == 1 and st[-1] != 1 and sh[-2] > 1
+    path, line = _where(str(view.source[product]))
+    if not column_major or path is None:
+        return None
+    at = copy.copy(c)
+    at.path, at.lineno = path, line
+    return _statement_edit(at, ReplaceProduct(), detail=(
+        f"{c.what}: it reads the gradient the product at {short_source(str(view.source[product]))} wrote row-major "
+        "for an input that is a column-major view of a map (its channels_last NHWC order); "
+        "auditor.keep_format.matmul computes the same products and writes each gradient in its input's order"))
+
+
 @register_fix(patterns.NO_CL_KERNEL.name, patterns.JOINS.name, patterns.LOSES.name)
 def _replacement_fix(c: CauseView) -> Proposal | None:
     """An op with a format-keeping replacement (:mod:`._replace`), where the running torch says

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from .._measure._harness import torch_threads
 from .._recording._formats import channels_last_order, logical_order
 from ._convert import CHANNELS_LAST_OF_RANK
+from ._matmul import matmul
 from ._roi_align import roi_align
 
 
@@ -290,7 +291,10 @@ def keep_format(module: nn.Module) -> nn.Module:
     and input gradients keep a channels_last input's format:
 
     - ``keep_format.roi_align``: ``torchvision.ops.roi_align`` as one ``embedding_bag`` over
-      the NHWC view of the map."""
+      the NHWC view of the map;
+    - ``keep_format.matmul``: ``torch.matmul`` whose backward writes each gradient in its
+      input's memory order (a correlation ``fmap1.mT @ fmap2`` of two maps' (B, C, H·W) views
+      gets both maps' gradients channels_last), with the same products."""
     base = next((t for t in type(module).__mro__ if t in _EVERY_SWAP), None)
     if base is None:
         raise ValueError(f"no format-keeping replacement for {type(module).__name__}: one exists for "
@@ -299,6 +303,7 @@ def keep_format(module: nn.Module) -> nn.Module:
 
 
 keep_format.roi_align = roi_align
+keep_format.matmul = matmul
 
 
 def swap_module(model: nn.Module, name: str, table: dict | None = None) -> nn.Module:

@@ -120,3 +120,45 @@ class ReplaceCall:
         module = rw._replace(module, call, new)
         return rw._insert_before(module, f"from auditor import keep_format as {name}" if name != "keep_format"
                                  else "from auditor import keep_format")
+
+
+#: the ops a product of two matrices runs as (a ``torch.matmul`` of 3-D tensors is a ``bmm``)
+PRODUCTS = frozenset({"aten.bmm.default", "aten.mm.default"})
+
+
+@dataclass(frozen=True)
+class ReplaceProduct:
+    """The change of a statement holding one product of two tensors (``torch.matmul(a, b)``,
+    ``torch.bmm(a, b)``, ``a @ b``, ``a.matmul(b)``, ``a.bmm(b)``): it becomes
+    ``keep_format.matmul(a, b)``, whose backward writes each gradient in its input's memory order
+    (:mod:`._matmul`). A statement rewrite, as :class:`ReplaceCall`."""
+
+    def describe(self) -> str:
+        return "call auditor.keep_format.matmul in place of the product"
+
+    def __call__(self, module, facts):
+        import libcst as cst
+
+        from . import _rewrite as rw
+
+        def operands(node) -> tuple | None:
+            if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.MatrixMultiply):
+                return node.left, node.right
+            if not isinstance(node, cst.Call) or rw._callee(node) not in ("matmul", "bmm", "mm"):
+                return None
+            args = [a for a in node.args if a.keyword is None and not a.star]
+            if len(args) != len(node.args):
+                return None
+            if rw._is_method(node, facts.torch) and len(args) == 1:
+                return node.func.value, args[0].value
+            if not rw._is_method(node, facts.torch) and len(args) == 2:
+                return args[0].value, args[1].value
+            return None
+
+        node = rw._the_one(rw._find(module, lambda n: operands(n) is not None), "product of two tensors")
+        a, b = operands(node)
+        name = facts.new_name("keep_format")
+        new = rw._expr(f"{name}.matmul({rw._code(a)}, {rw._code(b)})")
+        module = rw._replace(module, node, new)
+        return rw._insert_before(module, f"from auditor import keep_format as {name}" if name != "keep_format"
+                                 else "from auditor import keep_format")
