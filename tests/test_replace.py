@@ -302,3 +302,72 @@ def test_the_engine_makes_the_correlation_keep_both_gradients_and_verify_proves_
     fix = table[(table["kind"] == "fix") & (table["fix"] == rows.iloc[0]["fix"])].iloc[0]
     assert fix["applied"] and fix["same_outputs"], fix["reason"]
     assert fix["hotspots_after"] < fix["hotspots_before"]
+
+
+# -- a map in both formats at once, re-strided into the convolutions' format ---------------------------
+
+
+from auditor._fix._restride import Restride, restride  # noqa: E402
+
+
+@pytest.mark.parametrize("shape", [(2, 1, 8, 8), (2, 6, 1, 1)])
+@pytest.mark.parametrize("weight_format", [CL, torch.contiguous_format])
+def test_restride_is_a_view_in_the_weight_s_format(shape, weight_format):
+    w = torch.randn(4, 3, 3, 3).contiguous(memory_format=weight_format)
+    x = torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+    y = restride(x, w)
+    assert y.data_ptr() == x.data_ptr() and torch.equal(y, x)
+    n, c, h, wd = shape
+    cl_strides = (h * wd * c, 1, wd * c, c)
+    assert y.stride() == (cl_strides if weight_format == CL else x.stride())
+    (g,) = torch.autograd.grad(y.sum() * 2, x)
+    assert torch.equal(g, torch.full_like(x, 2))
+
+
+def test_restride_leaves_a_map_in_one_format():
+    w = torch.randn(4, 3, 3, 3).contiguous(memory_format=CL)
+    x = torch.randn(2, 3, 4, 4)
+    assert restride(x, w) is x
+    assert restride(None, w) is None
+
+
+def test_the_names_a_call_takes_are_restrided():
+    text = "        x = torch.cat([x_avg, x_max], dim=1)\n"
+    assert _rewrite(Restride("self.conv.weight"), text) == (
+        "        from auditor import keep_format\n"
+        "        x = torch.cat([keep_format.restride(x_avg, self.conv.weight), "
+        "keep_format.restride(x_max, self.conv.weight)], dim=1)\n")
+    assert _rewrite(Restride("self.conv.weight"), "y = self.pad(x)\n").endswith(
+        "y = self.pad(keep_format.restride(x, self.conv.weight))\n")
+
+
+class _SpatialAttention(torch.nn.Module):
+    """The mean and max over the channels (N×1×H×W maps, both formats at once) joined and
+    convolved, as CBAM's and csatv2's spatial attention."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.conv = torch.nn.Conv2d(2, 4, 7, padding=3)
+
+    def forward(self, x):
+        x = self.stem(x)
+        x_avg = x.mean(dim=1, keepdim=True)
+        x_max = x.amax(dim=1, keepdim=True)
+        x = torch.cat([x_avg, x_max], dim=1)
+        return self.conv(x)
+
+
+def test_the_engine_restrides_maps_in_both_formats_and_verify_proves_it():
+    torch.manual_seed(0)
+    model = _SpatialAttention().to(memory_format=CL)
+    x = torch.randn(2, 3, 16, 16).to(memory_format=CL)
+    audit = auditor.audit(model, x)
+    fixes = auditor.suggest_fixes(audit)
+    rows = fixes.frame[fixes.frame["suggestion"].str.contains("keep_format.restride", regex=False)]
+    assert len(rows) == 1 and rows.iloc[0]["automatic"], fixes.frame[["pattern", "reason"]]
+    table = fixes.verify(model, x)
+    fix = table[(table["kind"] == "fix") & (table["fix"] == rows.iloc[0]["fix"])].iloc[0]
+    assert fix["applied"] and fix["same_outputs"], fix["reason"]
+    assert fix["hotspots_before"] > 0 and fix["hotspots_after"] == 0
+    assert fix["contiguous_hotspots_after"] <= fix["contiguous_hotspots_before"]

@@ -257,6 +257,40 @@ def _statement_edit(c: CauseView, rewrite: str | Callable, dims: tuple[int, ...]
 # -- the generators --------------------------------------------------------------------------------
 
 
+@register_fix(patterns.NC11_BROADCAST.name)
+def _restride_fix(c: CauseView) -> Proposal | None:
+    """An op (in forward; not an interpolation or a mean, which :func:`_broadcast_fix` rewrites)
+    whose input is a map in both formats at once and whose output comes out contiguous, where
+    a convolution weight is in reach of the line: the map is passed re-strided, as a view, into
+    that weight's format (:mod:`._restride`), so the op's output follows the convolutions."""
+    import copy
+
+    from ._restride import Restride
+
+    op = str(c.tracer.op[c.forward])
+    if c.forward != c.e or "upsample" in op or "interpolate" in op or op.startswith("aten.mean") or c.path is None:
+        return None
+    ins, _ = c.shapes(c.e)
+    if not ins or len(ins[0]) != 4:
+        return None
+    fns = _functions(c.path, c.lineno)
+    weight = _weight_in_reach(c, fns)
+    name, types_ = str(c.module), c.view.ops["module_type"].astype(str).to_numpy()
+    while weight is None and "." in name:  # the line runs in a module above the op's (a pool it calls)
+        name = name.rsplit(".", 1)[0]
+        hits = np.flatnonzero(c.view.module == name)
+        if len(hits):
+            above = copy.copy(c)
+            above.module, above.module_type = name, types_[int(hits[0])]
+            weight = _weight_in_reach(above, fns)
+    if weight is None:
+        return None
+    return _statement_edit(c, Restride(weight), detail=(
+        f"{c.what}: its input {ins[0]} is both formats at once, so PyTorch follows the strides it was made with and "
+        f"writes the output contiguous; passed re-strided into the format of {weight} (a view of the same memory, "
+        "the same values), the op follows the convolutions"))
+
+
 @register_fix(patterns.JOINS.name, patterns.LOSES.name)
 def _product_backward_fix(c: CauseView) -> Proposal | None:
     """A backward op that reads a gradient a product's backward wrote row-major for an input

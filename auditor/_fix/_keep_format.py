@@ -17,6 +17,7 @@ from .._measure._harness import torch_threads
 from .._recording._formats import channels_last_order, logical_order
 from ._convert import CHANNELS_LAST_OF_RANK
 from ._matmul import matmul
+from ._restride import restride
 from ._roi_align import roi_align
 
 
@@ -294,7 +295,10 @@ def keep_format(module: nn.Module) -> nn.Module:
       the NHWC view of the map;
     - ``keep_format.matmul``: ``torch.matmul`` whose backward writes each gradient in its
       input's memory order (a correlation ``fmap1.mT @ fmap2`` of two maps' (B, C, H·W) views
-      gets both maps' gradients channels_last), with the same products."""
+      gets both maps' gradients channels_last), with the same products;
+    - ``keep_format.restride(x, weight)``: a map in both formats at once (its channels, or its
+      height and width, are 1) as a view in the format of a convolution ``weight``, so that
+      what PyTorch computes from it follows that format."""
     base = next((t for t in type(module).__mro__ if t in _EVERY_SWAP), None)
     if base is None:
         raise ValueError(f"no format-keeping replacement for {type(module).__name__}: one exists for "
@@ -304,6 +308,7 @@ def keep_format(module: nn.Module) -> nn.Module:
 
 keep_format.roi_align = roi_align
 keep_format.matmul = matmul
+keep_format.restride = restride
 
 
 def swap_module(model: nn.Module, name: str, table: dict | None = None) -> nn.Module:

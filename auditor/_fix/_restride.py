@@ -1,0 +1,84 @@
+"""A map in both formats at once, re-strided (as a view) into the format of a convolution's weight.
+
+A 4-D map whose channels, or whose height and width, are 1 is contiguous and channels_last at
+once: its memory order is the same either way. PyTorch then follows the strides it was given,
+and a map made contiguous gives a contiguous result (a ``cat`` of two N×1×H×W maps, a ``pad``
+of an N×C×1×1 one), which the next channels_last convolution converts. Its NHWC view, read
+back (``x.reshape(N, H, W, C).permute(0, 3, 1, 2)``), is the same memory and the same values
+with channels_last strides: no copy. :func:`restride` does that where a convolution weight it
+is given is channels_last, and the other way where it is contiguous, so code that also runs
+contiguous keeps its layout; :class:`Restride` is the fix's rewrite of a statement that passes
+such a map to the op.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+def _weight_channels_last(weight: Tensor) -> bool:
+    """A convolution weight laid out channels_last: its input channels innermost (stride 1),
+    where a contiguous one has them so only with a 1×1 kernel, and then its last stride is 1."""
+    return weight.stride(1) == 1 and (weight.shape[1] == 1 or weight.stride(-1) > 1)
+
+
+def restride(x, like: Tensor):
+    """``x`` in the memory format ``like`` (a 4-D convolution weight) is laid out in, as a view
+    of the same memory, where ``x`` is a 4-D map in both formats at once (its channels, or its
+    height and width, are 1); anything else is returned as it is. The same values, no copy;
+    what PyTorch computes from it then follows the weight's format, where it followed the
+    strides ``x`` happened to have."""
+    if not isinstance(x, Tensor) or not isinstance(like, Tensor) or x.dim() != 4 or like.dim() != 4:
+        return x
+    if not (x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)):
+        return x
+    n, c, h, w = x.shape
+    if _weight_channels_last(like):
+        return x.reshape(n, h, w, c).permute(0, 3, 1, 2)
+    return x.permute(0, 2, 3, 1).reshape(n, c, h, w)
+
+
+@dataclass(frozen=True)
+class Restride:
+    """The change of a statement that passes a map in both formats at once to one call: each
+    argument that is a name (or a name in a list or tuple argument, as ``torch.cat([a, b])``)
+    is passed as ``keep_format.restride(name, weight)``, ``weight`` a convolution weight in reach
+    as code. A statement rewrite (``rewrite(module, facts)``)."""
+
+    weight: str
+
+    def describe(self) -> str:
+        return f"re-stride the map into the format of {self.weight}"
+
+    def __call__(self, module, facts):
+        import libcst as cst
+
+        from . import _rewrite as rw
+
+        calls = [n for n in rw._find(module, lambda n: isinstance(n, cst.Call))]
+        if not calls:
+            raise rw.Refused("this line calls nothing to pass the re-strided map to")
+        call = calls[0]  # the outermost call: the visitor meets it first
+        name = facts.new_name("keep_format")
+
+        def wrapped(expr):
+            if isinstance(expr, cst.Name) and expr.value not in ("None", "True", "False"):
+                return rw._expr(f"{name}.restride({expr.value}, {self.weight})")
+            if isinstance(expr, (cst.List, cst.Tuple)) and expr.elements and all(
+                    isinstance(e, cst.Element) and isinstance(e.value, cst.Name) for e in expr.elements):
+                return expr.with_changes(elements=[e.with_changes(value=wrapped(e.value)) for e in expr.elements])
+            return None
+
+        args, changed = [], 0
+        for a in call.args:
+            new = wrapped(a.value) if a.keyword is None and not a.star else None
+            changed += new is not None
+            args.append(a.with_changes(value=new) if new is not None else a)
+        if not changed:
+            raise rw.Refused("the call on this line takes no map by name to re-stride")
+        module = rw._replace(module, call, call.with_changes(args=args))
+        return rw._insert_before(module, f"from auditor import keep_format as {name}" if name != "keep_format"
+                                 else "from auditor import keep_format")
