@@ -371,3 +371,49 @@ def test_the_engine_restrides_maps_in_both_formats_and_verify_proves_it():
     assert fix["applied"] and fix["same_outputs"], fix["reason"]
     assert fix["hotspots_before"] > 0 and fix["hotspots_after"] == 0
     assert fix["contiguous_hotspots_after"] <= fix["contiguous_hotspots_before"]
+
+
+def test_restride_finds_a_module_s_convolution():
+    m = torch.nn.Sequential(torch.nn.ZeroPad2d((1, 0, 1, 0)), torch.nn.Conv2d(6, 4, 2)).to(memory_format=CL)
+    x = torch.randn(2, 6, 1, 1)
+    assert restride(x, m).stride() == (6, 1, 6, 6)
+    assert restride(x, torch.nn.ReLU()) is x
+
+
+class _PadThenConv(torch.nn.Module):
+    """A layer whose convolution is padded asymmetrically first in one instance (a Sequential
+    of a pad and a Conv2d) and is a plain Conv2d in another, fed N×C×1×1 maps."""
+
+    def __init__(self, pad: bool):
+        super().__init__()
+        conv = torch.nn.Conv2d(6, 6, 2 if pad else 1)
+        self.conv = torch.nn.Sequential(torch.nn.ZeroPad2d((1, 0, 1, 0)), conv) if pad else conv
+        self.act = torch.nn.ReLU()
+
+    def forward(self, x):
+        x = self.conv(x)
+        return self.act(x)
+
+
+class _OneByOne(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 6, 3, stride=8, padding=1)
+        self.a = _PadThenConv(pad=True)
+        self.b = _PadThenConv(pad=False)
+
+    def forward(self, x):
+        return self.b(self.a(self.stem(x).mean((2, 3), keepdim=True)))
+
+
+def test_the_engine_restrides_through_the_layer_whose_method_holds_the_line():
+    torch.manual_seed(0)
+    model = _OneByOne().to(memory_format=CL)
+    x = torch.randn(2, 3, 16, 16).to(memory_format=CL)
+    fixes = auditor.suggest_fixes(auditor.audit(model, x))
+    rows = fixes.frame[fixes.frame["suggestion"].str.contains("keep_format.restride(x, self)", regex=False)]
+    assert len(rows) == 1 and rows.iloc[0]["automatic"], fixes.frame[["pattern", "suggestion", "reason"]]
+    table = fixes.verify(model, x)
+    fix = table[(table["kind"] == "fix") & (table["fix"] == rows.iloc[0]["fix"])].iloc[0]
+    assert fix["applied"] and fix["same_outputs"], fix["reason"]
+    assert fix["hotspots_after"] < fix["hotspots_before"]

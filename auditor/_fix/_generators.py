@@ -276,13 +276,20 @@ def _restride_fix(c: CauseView) -> Proposal | None:
     fns = _functions(c.path, c.lineno)
     weight = _weight_in_reach(c, fns)
     name, types_ = str(c.module), c.view.ops["module_type"].astype(str).to_numpy()
-    while weight is None and "." in name:  # the line runs in a module above the op's (a pool it calls)
+    # the line runs in a module above the op's (a pool or a pad it calls): the nearest one whose
+    # type holds the line's method, as recorded, or else as the method's own class, where its
+    # convolution is reached by attribute (a Sequential's items are no attributes of that class)
+    owner = fns[0].__qualname__.split(".<locals>")[-1].rpartition(".")[0].rpartition(".")[2] if fns else ""
+    while weight is None and "." in name:
         name = name.rsplit(".", 1)[0]
         hits = np.flatnonzero(c.view.module == name)
-        if len(hits):
-            above = copy.copy(c)
-            above.module, above.module_type = name, types_[int(hits[0])]
-            weight = _weight_in_reach(above, fns)
+        above = copy.copy(c)
+        above.module, above.module_type = name, types_[int(hits[0])] if len(hits) else owner
+        found = _weight_in_reach(above, fns)
+        # a module of the line's class found by its method alone: each instance may hold its
+        # convolution elsewhere (a Conv2d in one, a Sequential's item in another), so the
+        # convolution is found at run time, in the module's own (``self``)
+        weight = found if found is None or len(hits) else "self"
     if weight is None:
         return None
     return _statement_edit(c, Restride(weight), detail=(

@@ -25,12 +25,15 @@ def _weight_channels_last(weight: Tensor) -> bool:
     return weight.stride(1) == 1 and (weight.shape[1] == 1 or weight.stride(-1) > 1)
 
 
-def restride(x, like: Tensor):
-    """``x`` in the memory format ``like`` (a 4-D convolution weight) is laid out in, as a view
+def restride(x, like: Tensor | torch.nn.Module):
+    """``x`` in the memory format ``like`` (a 4-D convolution weight, or a module's first
+    ``Conv2d``'s) is laid out in, as a view
     of the same memory, where ``x`` is a 4-D map in both formats at once (its channels, or its
     height and width, are 1); anything else is returned as it is. The same values, no copy;
     what PyTorch computes from it then follows the weight's format, where it followed the
     strides ``x`` happened to have."""
+    if isinstance(like, torch.nn.Module):
+        like = next((m.weight for m in like.modules() if isinstance(m, torch.nn.Conv2d)), None)
     if not isinstance(x, Tensor) or not isinstance(like, Tensor) or x.dim() != 4 or like.dim() != 4:
         return x
     if not (x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)):
