@@ -292,10 +292,11 @@ def _restride_fix(c: CauseView) -> Proposal | None:
         weight = found if found is None or len(hits) else "self"
     if weight is None:
         return None
-    return _statement_edit(c, Restride(weight), detail=(
+    found = _statement_edit(c, Restride(weight, op.split(".")[1].lstrip("_") if op.startswith("aten.") else ""), detail=(
         f"{c.what}: its input {ins[0]} is both formats at once, so PyTorch follows the strides it was made with and "
         f"writes the output contiguous; passed re-strided into the format of {weight} (a view of the same memory, "
         "the same values), the op follows the convolutions"))
+    return found if found.automatic else None  # no edit: what the op is, by hand (_broadcast_fix)
 
 
 @register_fix(patterns.JOINS.name, patterns.LOSES.name)

@@ -46,12 +46,14 @@ def restride(x, like: Tensor | torch.nn.Module):
 
 @dataclass(frozen=True)
 class Restride:
-    """The change of a statement that passes a map in both formats at once to one call: each
-    argument that is a name (or a name in a list or tuple argument, as ``torch.cat([a, b])``)
-    is passed as ``keep_format.restride(name, weight)``, ``weight`` a convolution weight in reach
-    as code. A statement rewrite (``rewrite(module, facts)``)."""
+    """The change of a statement that passes a map in both formats at once to one call: its
+    first positional argument (or each item of a list or tuple argument, as ``torch.cat([a,
+    b])``) is passed as ``keep_format.restride(arg, weight)``, ``weight`` a convolution weight in
+    reach as code (anything that is no such map passes through it as it is). A statement
+    rewrite (``rewrite(module, facts)``)."""
 
     weight: str
+    op: str = ""  #: the op's name (``cat`` for ``aten.cat.default``): the call it is passed to
 
     def describe(self) -> str:
         return f"re-stride the map into the format of {self.weight}"
@@ -61,27 +63,33 @@ class Restride:
 
         from . import _rewrite as rw
 
-        calls = [n for n in rw._find(module, lambda n: isinstance(n, cst.Call))]
+        calls = rw._find(module, lambda n: isinstance(n, cst.Call))
         if not calls:
             raise rw.Refused("this line calls nothing to pass the re-strided map to")
-        call = calls[0]  # the outermost call: the visitor meets it first
+        # the call of the op by its name (torch.cat for aten.cat), else the outermost call (a
+        # module's, whose op runs inside it): the visitor meets it first
+        named = [n for n in calls if rw._callee(n) == self.op]
+        call = rw._the_one(named, f"call of {self.op}") if named else calls[0]
         name = facts.new_name("keep_format")
 
-        def wrapped(expr):
-            if isinstance(expr, cst.Name) and expr.value not in ("None", "True", "False"):
-                return rw._expr(f"{name}.restride({expr.value}, {self.weight})")
+        def wrapped(expr, first: bool):
             if isinstance(expr, (cst.List, cst.Tuple)) and expr.elements and all(
-                    isinstance(e, cst.Element) and isinstance(e.value, cst.Name) for e in expr.elements):
-                return expr.with_changes(elements=[e.with_changes(value=wrapped(e.value)) for e in expr.elements])
-            return None
+                    isinstance(e, cst.Element) for e in expr.elements):
+                return expr.with_changes(elements=[e.with_changes(value=wrapped(e.value, True))
+                                                   for e in expr.elements])
+            if not first or isinstance(expr, (cst.Integer, cst.Float, cst.SimpleString)) or (
+                    isinstance(expr, cst.Name) and expr.value in ("None", "True", "False")):
+                return None
+            return rw._expr(f"{name}.restride({rw._code(expr)}, {self.weight})")
 
+        # the first positional argument (the map), or each item of a list or tuple of them
         args, changed = [], 0
-        for a in call.args:
-            new = wrapped(a.value) if a.keyword is None and not a.star else None
+        for k, a in enumerate(call.args):
+            new = wrapped(a.value, k == 0) if a.keyword is None and not a.star else None
             changed += new is not None
             args.append(a.with_changes(value=new) if new is not None else a)
         if not changed:
-            raise rw.Refused("the call on this line takes no map by name to re-stride")
+            raise rw.Refused("the call on this line takes no map to re-stride")
         module = rw._replace(module, call, call.with_changes(args=args))
         return rw._insert_before(module, f"from auditor import keep_format as {name}" if name != "keep_format"
                                  else "from auditor import keep_format")
