@@ -274,19 +274,22 @@ def test_the_product_becomes_keep_format_matmul(text, operands):
 
 
 class _Correlation(torch.nn.Module):
-    """Two images through one encoder, split, and correlated as RAFT's CorrBlock does."""
+    """Two images through one encoder, split, correlated and pooled as RAFT's CorrBlock does
+    (the correlation is a (B·H·W, 1, H, W) map, both formats at once: no cause of its own)."""
 
     def __init__(self):
         super().__init__()
-        self.enc = torch.nn.Conv2d(3, 16, 3, padding=1, stride=2)
-        self.head = torch.nn.Conv2d(64, 8, 1)
+        self.stem = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.enc = torch.nn.Conv2d(8, 16, 3, padding=1, stride=2)
+        self.head = torch.nn.Conv2d(16, 4, 1)
 
     def forward(self, img1, img2):
-        fmaps = self.enc(torch.cat([img1, img2], dim=0))
+        fmaps = self.enc(self.stem(torch.cat([img1, img2], dim=0)))
         fmap1, fmap2 = torch.chunk(fmaps, chunks=2, dim=0)
         b, c, h, w = fmap1.shape
         corr = torch.matmul(fmap1.view(b, c, h * w).transpose(1, 2), fmap2.view(b, c, h * w))
-        return self.head(corr.view(b, h * w, h, w))
+        pooled = torch.nn.functional.avg_pool2d(corr.view(b * h * w, 1, h, w), 2)
+        return self.head(pooled.view(b, h, w, -1).permute(0, 3, 1, 2))
 
 
 def test_the_engine_makes_the_correlation_keep_both_gradients_and_verify_proves_it():

@@ -327,6 +327,10 @@ def _product_backward_fix(c: CauseView) -> Proposal | None:
             todo += [q for q in view.graph.input_producers(p) if q >= 0]
     if product < 0:
         return None
+    # a product that is a cause of its own gets its own fix at its line (the joins' candidates,
+    # a product computed transposed): two rewrites of one statement would clash
+    if "cause" in view.ops and int(view.ops["cause"].iat[product]) > 0:
+        return None
     t = view.tensors
     ins = t[(t["seq"] == product) & (t["role"] == "input")]
     column_major = False
