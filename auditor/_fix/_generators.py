@@ -327,9 +327,11 @@ def _product_backward_fix(c: CauseView) -> Proposal | None:
             todo += [q for q in view.graph.input_producers(p) if q >= 0]
     if product < 0:
         return None
-    # a product that is a cause of its own gets its own fix at its line (the joins' candidates,
-    # a product computed transposed): two rewrites of one statement would clash
-    if "cause" in view.ops and int(view.ops["cause"].iat[product]) > 0:
+    # a line with a forward cause of its own gets its own fix there (the joins' candidates, a
+    # product computed transposed): two rewrites of one statement would clash
+    hot = np.flatnonzero(view.ops["hotspot"].to_numpy()) if "hotspot" in view.ops else []
+    if any(view.phase[e] == "forward" and view.source[e] == view.source[product]
+           for e in {c.tracer.cause(int(h))[0] for h in hot}):
         return None
     t = view.tensors
     ins = t[(t["seq"] == product) & (t["role"] == "input")]
