@@ -60,8 +60,37 @@ def test_a_mean_over_the_channels_is_written_as_a_sum_whose_backward_is_a_view()
     assert v["applied"].all() and v["same_outputs"].all() and (v["hotspots_after"] == 0).all()
 
 
-def test_another_op_of_a_map_that_is_both_formats_is_by_hand_and_its_reason_holds():
+def test_another_op_of_a_map_that_is_both_formats_is_restrided_into_the_convolution_s_format():
+    """The cat of two N×1×H×W maps, with a convolution weight in reach of its line: each map is
+    passed as a view in that weight's format, and the cat follows it."""
     model, x = _made(CatOfMaps)
+    f = auditor.suggest_fixes(auditor.audit(model, x))
+    rows = f.frame[(f.frame["pattern"] == "nc11_broadcast") & f.frame["op"].str.startswith("aten.cat")]
+    assert len(rows) == 1 and rows["automatic"].iloc[0]
+    assert "keep_format.restride(x.mean(dim=1, keepdim=True), self.c.weight)" in rows["suggestion"].iloc[0]
+    v = f.verify(model, x, **QUICK)
+    row = v[(v["kind"] == "fix") & (v["fix"] == rows["fix"].iloc[0])].iloc[0]
+    assert row["applied"] and row["same_outputs"] and row["hotspots_after"] < row["hotspots_before"]
+
+
+def _mean_and_max(x):
+    return torch.cat([x.mean(dim=1, keepdim=True), x.amax(dim=1, keepdim=True)], dim=1)  # planted
+
+
+class CatInAHelper(nn.Module):
+    """CatOfMaps with the cat in a plain function: no convolution weight is in reach of its line."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 8, 3, padding=1)
+        self.c = nn.Conv2d(2, 8, 3, padding=1)
+
+    def forward(self, x):
+        return self.c(_mean_and_max(self.a(x)))
+
+
+def test_another_op_of_a_map_that_is_both_formats_is_by_hand_and_its_reason_holds():
+    model, x = _made(CatInAHelper)
     f = auditor.suggest_fixes(auditor.audit(model, x))
     rows = f.frame[(f.frame["pattern"] == "nc11_broadcast") & f.frame["op"].str.startswith("aten.cat")]
     assert len(rows) == 1 and not rows["automatic"].iloc[0]  # (the channel mean's backward is the other cause)

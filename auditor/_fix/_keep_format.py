@@ -16,6 +16,9 @@ import torch.nn.functional as F
 from .._measure._harness import torch_threads
 from .._recording._formats import channels_last_order, logical_order
 from ._convert import CHANNELS_LAST_OF_RANK
+from ._matmul import matmul
+from ._restride import restride
+from ._roi_align import roi_align
 
 
 def softmax_keep_format(x: torch.Tensor, dim: int, log: bool = False) -> torch.Tensor:
@@ -282,12 +285,30 @@ def keep_format(module: nn.Module) -> nn.Module:
       one that spans space only: a ``Conv2d`` over each frame of a channels_last_3d input.
 
     Raises ValueError for any other module, and for one of these types whose settings have no
-    same-valued replacement (a pool to more than one value, a Conv3d spanning time and space)."""
+    same-valued replacement (a pool to more than one value, a Conv3d spanning time and space).
+
+    Its attributes are the format-keeping replacements of ops that have no channels_last kernel,
+    functions with the op's arguments and values (float64 forward and backward), whose output
+    and input gradients keep a channels_last input's format:
+
+    - ``keep_format.roi_align``: ``torchvision.ops.roi_align`` as one ``embedding_bag`` over
+      the NHWC view of the map;
+    - ``keep_format.matmul``: ``torch.matmul`` whose backward writes each gradient in its
+      input's memory order (a correlation ``fmap1.mT @ fmap2`` of two maps' (B, C, H·W) views
+      gets both maps' gradients channels_last), with the same products;
+    - ``keep_format.restride(x, weight)``: a map in both formats at once (its channels, or its
+      height and width, are 1) as a view in the format of a convolution ``weight``, so that
+      what PyTorch computes from it follows that format."""
     base = next((t for t in type(module).__mro__ if t in _EVERY_SWAP), None)
     if base is None:
         raise ValueError(f"no format-keeping replacement for {type(module).__name__}: one exists for "
                          + ", ".join(sorted({t.__name__ for t in _EVERY_SWAP})))
     return _EVERY_SWAP[base](module)
+
+
+keep_format.roi_align = roi_align
+keep_format.matmul = matmul
+keep_format.restride = restride
 
 
 def swap_module(model: nn.Module, name: str, table: dict | None = None) -> nn.Module:
