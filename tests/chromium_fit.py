@@ -1,5 +1,6 @@
 """Whether HTML tables fit a 1400 px window, asked of headless Chromium (issue 29: notebook and
-report tables ran off the right edge). Shared by the notebook's and the command line's tests."""
+report tables ran off the right edge; issue 41: the docs site's tables scrolled inside themselves,
+hiding most columns). Shared by the notebook's, the command line's and the docs site's tests."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ NOTEBOOK_OUTPUT_WIDTH = 1300
 #: scrolls inside itself, and a page that scrolls sideways, written into the DOM as JSON
 _CHECK = """<script>
 window.addEventListener('load', () => {
-  const box = document.getElementById('fit-box') || document.body;
+  const box = document.getElementById('fit-box') || document.querySelector('.md-content__inner') || document.body;
   const edge = box.getBoundingClientRect().right;
   const bad = [];
   const tables = document.querySelectorAll('table');
@@ -31,6 +32,14 @@ window.addEventListener('load', () => {
                + `box ${Math.round(edge)} px, scrollWidth ${t.scrollWidth} > ${t.clientWidth}`);
     }
   });
+  if (document.querySelector('.md-content__inner')) {  // a docs page: code and output blocks too
+    document.querySelectorAll('.md-content__inner pre').forEach((p, i) => {
+      if (p.scrollWidth > p.clientWidth + 1 || p.getBoundingClientRect().right > edge + 0.5) {
+        const first = p.textContent.trim().split('\\n')[0].slice(0, 80);
+        bad.push(`block ${i} (${first}): scrollWidth ${p.scrollWidth} > ${p.clientWidth}`);
+      }
+    });
+  }
   const page = document.documentElement.scrollWidth;
   if (page > window.innerWidth) bad.push(`the page scrolls sideways: ${page} > ${window.innerWidth} px`);
   const out = document.createElement('pre');
@@ -89,3 +98,10 @@ def overflows(page: str, folder: Path, name: str, browser: str, screenshot: Path
 def _height(page: str) -> int:
     """A screenshot's height, tall enough for the page (Chromium shoots the window only)."""
     return min(16000, max(1200, len(page) // 6 + 500 * page.count("<img")))
+
+
+def site_page_overflows(page: Path, browser: str, screenshot: Path | None = None) -> dict:
+    """A built docs page (``site/....html``) laid out at :data:`WIDTH` px: its tables and code or
+    output blocks that do not fit the page's column (they scroll inside themselves or pass its
+    right edge). The checked copy is written beside the page, so its stylesheets and scripts load."""
+    return overflows(page.read_text(encoding="utf-8"), page.parent, f"_fit_{page.stem}", browser, screenshot)

@@ -84,8 +84,8 @@ def column_css(values: pd.Series, name: str, *, sources: bool = False, formatted
     too) right and narrow, source lines left and whole, prose and code left and wrapped within
     a width."""
     numeric = pd.api.types.is_numeric_dtype(values)
-    if sources:
-        props = f"{_TEXT_CSS}; white-space: nowrap"
+    if sources:  # whole names; a long path wraps at its folders (source_html)
+        props = f"{_TEXT_CSS}; white-space: normal; overflow-wrap: normal; word-break: keep-all"
     elif name in CODE_COLUMNS and not numeric:
         props = _CODE_CSS
     elif name in TEXT_COLUMNS and not numeric:
@@ -158,10 +158,11 @@ def short_op(op) -> str:
 
 def source_html(source) -> str:
     """One ``path:line`` as escaped HTML: the short path and line (:func:`short_source`), with
-    the recorded one in its ``title`` tooltip. Anything else (a notebook cell's name) as is."""
+    the recorded one in its ``title`` tooltip, that may wrap after a ``/`` (never inside a
+    folder's or a file's name). Anything else (a notebook cell's name) as is."""
     source = "" if source is None else str(source)
-    short = short_source(source)
-    return f'<span title="{html.escape(source, quote=True)}">{html.escape(short)}</span>' if source else ""
+    short = html.escape(short_source(source)).replace("/", "/<wbr>")  # a narrow column wraps it at its folders
+    return f'<span title="{html.escape(source, quote=True)}">{short}</span>' if source else ""
 
 
 def audit_html(ops: pd.DataFrame, hot: pd.DataFrame, summary: pd.DataFrame, causes: pd.DataFrame | None = None,
