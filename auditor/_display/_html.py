@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import pandas as pd
 
 from ._report import combine_blocks, module_rows, total_lines
-from ._text import measured_short, short_source
+from ._text import join_units, measured_short, short_source
 from ._units import format_bytes, format_us
 
 #: Modules shown under the causes and hotspot groups (as many as the text report shows).
@@ -104,7 +104,7 @@ def _boxed(escaped: Callable[[object], str], code: bool) -> Callable[[object], s
     font = "; font-family: monospace" if code else ""
     space = "pre-wrap" if code else "normal"
     return lambda v: (f'<div style="max-width: {width}; min-width: 10em; white-space: {space}; '
-                      f'overflow-wrap: break-word{font}">{_break_paths(escaped("" if v is None else str(v)))}</div>')
+                      f'overflow-wrap: break-word{font}">{_break_paths(escaped(join_units("" if v is None else str(v))))}</div>')
 
 
 #: a dot between two parts of a dotted name (``torch.nn.functional``), not in a number
@@ -171,7 +171,8 @@ def audit_html(ops: pd.DataFrame, hot: pd.DataFrame, summary: pd.DataFrame, caus
     """The report (:func:`~auditor._display._report.audit_report`) as HTML: the totals (times
     at ``threads``), the ``top`` causes (each leading with its measured saving, the estimate
     beside it, once ``verified``), the hotspot groups and the modules at ``depth`` as tables."""
-    parts = [header_html(total_lines(ops, hot, causes, complete, error, threads=threads, verified=verified))]
+    parts = [header_html(total_lines(ops, hot, causes, complete, error, threads=threads, verified=verified,
+                                     width=None))]
     if not len(hot):
         parts.append(_paragraph("No losses or conversions between convolutions: channels_last propagates."))
         return _block(parts)
@@ -180,7 +181,8 @@ def audit_html(ops: pd.DataFrame, hot: pd.DataFrame, summary: pd.DataFrame, caus
         cols = {"cause": "cause", "pattern": "pattern", "phase": "phase", "op": "op", "module": "module",
                 "module_type": "type", "source": "file:line", "hotspots": "hotspots", "bytes": "bytes"}
         if verified is not None:  # the measured saving leads; the estimate stands beside it, labelled
-            measured = {int(r["cause"]): measured_short(r) for r in verified.to_dict("records") if r["kind"] == "fix"}
+            measured = {int(r["cause"]): join_units(measured_short(r)) for r in verified.to_dict("records")
+                        if r["kind"] == "fix"}
             causes = causes.assign(measured=[measured.get(int(c), "") for c in causes["cause"]])
             cols["measured"] = "saving, measured (verified)"
         if timed:
@@ -214,16 +216,17 @@ def audit_html(ops: pd.DataFrame, hot: pd.DataFrame, summary: pd.DataFrame, caus
 
 
 def header_html(lines: Sequence[str]) -> str:
-    """Report lines as a short header: the first in bold, the rest under it."""
+    """Report lines as a short header: the first in bold, the rest under it, each a number
+    joined to its unit by a space no line breaks at."""
     if not lines:
         return ""
     first, *rest = lines
-    body = "".join(f"<br>{html.escape(r.strip())}" for r in rest)
-    return f"<p><b>{html.escape(first)}</b>{body}</p>"
+    body = "".join(f"<br>{html.escape(join_units(r.strip()))}" for r in rest)
+    return f"<p><b>{html.escape(join_units(first))}</b>{body}</p>"
 
 
 def _paragraph(text: str) -> str:
-    return f"<p>{html.escape(text)}</p>"
+    return f"<p>{html.escape(join_units(text))}</p>"
 
 
 def _block(parts: Iterable[str]) -> str:

@@ -4,14 +4,13 @@ folded under them."""
 from __future__ import annotations
 
 import re
-import textwrap
 from collections.abc import Sequence
 
 import pandas as pd
 
 from .._analysis._costs import times_note
 from .._recording import _rules as rules
-from ._text import Column, estimate_text, saving_text, short_source, shorten, text_table
+from ._text import Column, estimate_text, saving_text, short_source, shorten, text_table, wrap
 from ._units import format_bytes, format_us
 
 #: Kinds whose name alone does not say what they are, explained where the report counts them.
@@ -87,9 +86,12 @@ def module_rows(summary: pd.DataFrame) -> tuple[pd.DataFrame, bool]:
 
 
 def total_lines(ops: pd.DataFrame, hot: pd.DataFrame, causes, complete: bool, error: str, *,
-                threads: int | None = None, verified: pd.DataFrame | None = None) -> list[str]:
+                threads: int | None = None, verified: pd.DataFrame | None = None,
+                width: int | None = 114) -> list[str]:
     """The report's head: ops per phase and kind, hotspot totals, times (at ``threads``; with
-    ``verified``, the measured saving of all fixes first); the HTML shows it too."""
+    ``verified``, the measured saving of all fixes first); the HTML shows it too, unwrapped
+    (``width=None``): long lines wrap at ``width`` in the text, never between a number and its
+    unit."""
     phases = ops["phase"].value_counts()
     lines = [
         f"Format audit: {len(ops)} aten ops "
@@ -107,7 +109,7 @@ def total_lines(ops: pd.DataFrame, hot: pd.DataFrame, causes, complete: bool, er
         f"(forward {format_bytes(by_phase.get('forward', 0))}, backward {format_bytes(by_phase.get('backward', 0))})"
     )
     if "time_us" in ops and ops["time_us"].notna().any():
-        lines.extend(_time_lines(ops, causes, threads, verified))
+        lines.extend(_time_lines(ops, causes, threads, verified, width))
     independent = ops[ops["layout_independent"]] if "layout_independent" in ops else ops.iloc[:0]
     if len(independent):
         lines.append(
@@ -143,7 +145,7 @@ def _uncertain_lines(independent: pd.DataFrame) -> list[str]:
 
 
 def _time_lines(ops: pd.DataFrame, causes, threads: int | None = None,
-                verified: pd.DataFrame | None = None) -> list[str]:
+                verified: pd.DataFrame | None = None, width: int | None = 114) -> list[str]:
     """Where the step's time went: the ops, the hotspots among them, and the time between ops;
     the thread count they were taken at; what fixing every cause saves, measured first once
     ``verified``. Where the ops' times add up to more than the step, the reason, no numbers."""
@@ -154,7 +156,7 @@ def _time_lines(ops: pd.DataFrame, causes, threads: int | None = None,
     if wrong:
         return [f"  {part}" if i == 0 else f"    {part}"
                 for paragraph in [f"time ({at}): not shown: {wrong}", *([measured] if measured else [])]
-                for i, part in enumerate(textwrap.wrap(paragraph, 114))]
+                for i, part in enumerate(wrap(paragraph, width))]
     total = ops["time_us"].sum()
     hot = ops.loc[ops["hotspot"], "time_us"].sum()
     saving = (_total_saving(causes) if causes is not None and len(causes) and causes["saving_us"].notna().any()
@@ -167,7 +169,7 @@ def _time_lines(ops: pd.DataFrame, causes, threads: int | None = None,
         estimate = saving.removeprefix("; estimated for every cause: ").removeprefix("; ")
         head += f"\n{measured}" + (f" (estimated: {estimate})" if estimate else "")
     lines = [f"  {part}" if i == 0 else f"    {part}"
-             for paragraph in head.split("\n") for i, part in enumerate(textwrap.wrap(paragraph, 114))]
+             for paragraph in head.split("\n") for i, part in enumerate(wrap(paragraph, width))]
     if "gap_us" in ops and ops["gap_us"].notna().any():
         lines.append(f"  time outside ops (the step's Python, module calls, the autograd engine): "
                      f"{format_us(ops['gap_us'].sum())}")
@@ -207,15 +209,15 @@ def _cause_lines(causes: pd.DataFrame, hot: pd.DataFrame, top: int, verified: pd
         where = f"{c.module} ({c.module_type})" if c.module_type else c.module
         lines.append(f"  {c.cause:>2}. [{c.pattern}] {c.phase} {c.op} {c.kind} in {shorten(where, 50)}")
         if c.cause in measured:
-            for i, part in enumerate(textwrap.wrap(f"measured: {saving_text(measured[c.cause])}", 110)):
+            for i, part in enumerate(wrap(f"measured: {saving_text(measured[c.cause])}", 110)):
                 lines.append(f"      {part}" if i == 0 else f"        {part}")
         label = "estimate: " if c.cause in measured else ""
         cost = f", {format_us(c.time_us)}; {label}{estimate_text(c._asdict())}" if timed else ""
-        first, *rest = textwrap.wrap(f"{c.hotspots} hotspot ops, {format_bytes(c.bytes)}{cost}", 116)
+        first, *rest = wrap(f"{c.hotspots} hotspot ops, {format_bytes(c.bytes)}{cost}", 116)
         lines.extend([f"      {first}", *(f"        {r}" for r in rest)])
         if c.source:
             lines.append(f"      at {short_source(c.source)}")
-        for i, part in enumerate(textwrap.wrap(c.fix, 110)):
+        for i, part in enumerate(wrap(c.fix, 110)):
             lines.append(f"      {'fix:' if i == 0 else '    '} {part}")
         mine = combine_blocks(hot[hot["cause"] == c.cause])
         shown = mine.head(SYMPTOMS_SHOWN)
