@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 import linecache
 import os
+import re
 import subprocess
 import sys
 import sysconfig
@@ -292,9 +293,29 @@ def test_fixes_table_fix_number_is_right_aligned_and_its_code_left(audit):
     out = auditor.suggest_fixes(audit)._repr_html_()
     td, th = _css(out, "fix")
     assert "text-align: right" in td and "text-align: right" in th
-    for heading in ("now", "do", "why"):  # "now" has a format of its own: still code, on the left
-        td, th = _css(out, heading)
-        assert "text-align: left" in td and "text-align: left" in th
+    td, th = _css(out, "why")
+    assert "text-align: left" in td and "text-align: left" in th
+
+
+def test_a_fixes_code_is_a_block_under_the_table_with_its_indentation():
+    """Issue 41: a 12-line function body sat in a narrow "now" column, its first line stripped of
+    its indentation and the others not, and "do" wrapped inside a name. Each statement is now a
+    code block under the table: dedented as a whole, its lines and inner indentation kept, wrapped
+    only at spaces."""
+    from auditor._display._fixes import fixes_html
+
+    body = "    def shuffle(x, groups):\n        y = x.view(2, 3)\n        return y.contiguous()\n"
+    frame = pd.DataFrame({"fix": [1], "action": ["edit source"], "source": ["/x/pkg/mod.py:3"], "module": ["a.b"],
+                          "module_type": ["M"], "bytes": [1000], "hotspots": [2], "detail": ["why"], "reason": [""],
+                          "line": [body], "suggestion": ["torch.nn.functional.channel_shuffle(x, groups)"],
+                          "forward_bytes": [500], "backward_bytes": [500]})
+    out = fixes_html(frame, 2)
+    table = out[:out.index("</table>")]
+    assert ">now<" not in table and ">do<" not in table and ">why<" in table
+    blocks = re.findall(r"<pre[^>]*>(.*?)</pre>", out, re.S)
+    assert blocks[0] == "def shuffle(x, groups):\n    y = x.view(2, 3)\n    return y.contiguous()"
+    assert blocks[1] == "torch.nn.functional.channel_shuffle(x, groups)"
+    assert all("overflow-wrap: normal" in p and "pre-wrap" in p for p in re.findall(r"<pre style=\"([^\"]*)\"", out))
 
 
 def test_nothing_reads_as_zero_point_zero():
@@ -436,3 +457,30 @@ def test_a_long_dotted_name_may_wrap_at_its_dots_and_nothing_else_is_cut():
     out = _break_paths("use torch.nn.functional.channel_shuffle(x, groups) in 1.25 ms (Fixes.patch() here)")
     assert "torch.<wbr>nn.<wbr>functional.<wbr>channel_shuffle(x," in out
     assert "1.25 ms" in out and "(Fixes.patch()" in out
+
+
+def test_text_wraps_never_between_a_number_and_its_unit():
+    """Issue 41: "[4.0 / ms, 14.9 ms]", "saving 804.3 µs [34.0 / µs, 1.8 ms]": the report's
+    long lines broke between a number and its unit. At every width, each line ends and starts
+    with whole quantities, and the words are the same as unwrapped."""
+    from auditor._display._text import NBSP, join_units, wrap
+
+    text = ("measured: 7.2% faster: after / before 0.928 [0.911, 0.950] over 21 paired rounds, saving 804.3 µs "
+            "[34.0 µs, 1.8 ms]; estimated 1.2 ms of 0 B, 28.4 MB and 3 sets over 2 seconds")
+    for width in range(12, len(text)):
+        lines = wrap(text, width)
+        assert " ".join(lines).split() == text.split()
+        for line in lines:
+            assert not re.match(r"(µs|ms|B|MB)\b", line), (width, lines)  # a unit never starts a line
+            assert NBSP not in line
+    joined = join_units(text)
+    assert f"804.3{NBSP}µs" in joined and f"0{NBSP}B" in joined and "3 sets" in joined and "2 seconds" in joined
+    assert wrap(text, None) == [text]  # HTML: one paragraph, the browser flows it
+
+
+def test_html_header_flows_and_keeps_numbers_with_their_units(audit):
+    """The HTML's head is the report's head unwrapped (the text wraps at 114 characters; a table
+    cell or a notebook does not), each number joined to its unit by a non-breaking space."""
+    out = audit._repr_html_()
+    head = out[:out.index("<table")]
+    assert "\u00a0kB" in head and not re.search(r"\d kB", head)

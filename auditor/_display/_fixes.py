@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import html
 import textwrap
 from collections.abc import Collection
 
 import pandas as pd
 
 from ._html import header_html, table_html
-from ._text import saving_text, short_source
+from ._text import join_units, saving_text, short_source
 from ._units import format_bytes, format_us
 
 
@@ -53,17 +54,37 @@ def _block(label: str, code: str) -> list[str]:
 
 
 def fixes_html(frame: pd.DataFrame, hotspot_groups: int) -> str:
-    """The headline, then one table row per fix (why it is by hand, where it is)."""
+    """The headline, one table row per fix (what, where, what it saves, why, and why it is by
+    hand), then each fix's statement as it is and what to write or do, as code blocks under the
+    table: a function body keeps its lines and indentation and is never wrapped inside a name, as
+    it was in a narrow table column."""
     head = header_html([fixes_headline(frame, hotspot_groups)])
     if frame.empty:
         return head
     shown = frame
     if "reason" in frame:
         shown = frame.assign(detail=[d + (f" (by hand: {r})" if r else "") for d, r in zip(frame["detail"], frame["reason"])])
-    return head + table_html(shown, columns={
+    table = table_html(shown, columns={
         "fix": "fix", "action": "action", "source": "file:line", "module": "module", "module_type": "type",
-        "bytes": "saves", "hotspots": "hotspot groups", "line": "now", "suggestion": "do", "detail": "why"},
-        formats={"line": str.strip})
+        "bytes": "saves", "hotspots": "hotspot groups", "detail": "why"})
+    return head + table + "".join(_code_html(r) for r in frame.to_dict("records") if r["line"] or r["suggestion"])
+
+
+#: a statement as a block of code: its lines and indentation kept; a line longer than the page
+#: wraps at a space, never inside a name
+_PRE_CSS = "white-space: pre-wrap; overflow-wrap: normal; word-break: keep-all; margin: 0.2em 0 0.6em 1.5em"
+
+
+def _code_html(r: dict) -> str:
+    """One fix's statement as it is (``now``) and the change (``do``), each a code block."""
+    where = short_source(r["source"]) or str(r["module"])
+    parts = [f"<p style=\"margin: 0.6em 0 0.2em 0\"><b>fix {int(r['fix'])}</b>, {html.escape(str(r['action']))} at "
+             f"<code>{html.escape(where)}</code></p>"]
+    for label, code in (("now", r["line"]), ("do", r["suggestion"])):
+        if code:
+            text = textwrap.dedent(str(code)).strip("\n")
+            parts.append(f"<div>{label}:</div><pre style=\"{_PRE_CSS}\">{html.escape(text)}</pre>")
+    return "<div>" + "".join(parts) + "</div>"
 
 
 def verification_text(frame: pd.DataFrame) -> str:
@@ -110,7 +131,7 @@ def verification_html(frame: pd.DataFrame) -> str:
     estimate."""
     if frame.empty:
         return header_html(["Verified fixes: none (no fixes)."])
-    shown = frame.assign(measured=[saving_text(r) for r in frame.to_dict("records")])
+    shown = frame.assign(measured=[join_units(saving_text(r)) for r in frame.to_dict("records")])
     return table_html(shown, columns={
         "kind": "kind", "fix": "fix", "pattern": "pattern", "source": "file:line", "applied": "applied",
         "hotspots_before": "hotspots before", "hotspots_after": "hotspots after",
