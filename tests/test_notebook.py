@@ -29,6 +29,9 @@ def executed(tmp_path_factory):
         mp.setenv("AUDITOR_NOTEBOOK_SIZE", "32")
         mp.setenv("AUDITOR_NOTEBOOK_BATCH", "2")
         mp.setenv("AUDITOR_NOTEBOOK_MODEL", "shufflenet_v2_x0_5")
+        # the kernel runs in the scratch folder: it imports this checkout's auditor, not the one
+        # an editable install of another checkout points at
+        mp.setenv("PYTHONPATH", os.pathsep.join([str(NOTEBOOK.parent.parent), *filter(None, [os.environ.get("PYTHONPATH")])]))
         nb = nbformat.read(NOTEBOOK, as_version=4)
         assert not [c for c in nb.cells if c.cell_type == "code" and "auditor._" in c.source]  # public names only
         client = NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(folder)}})
@@ -67,8 +70,8 @@ def test_notebook_runs_headless(executed):
              for o in c.outputs]
     assert len(shown) == 2 and ">torchvision/models/shufflenetv2.py:35<" in shown[0]  # short paths ...
     assert re.search(r">[\d.]+ [µm]?s<", shown[1]) and not re.search(r"\d\.\d{5}", shown[1])  # ... and units
-    assert (tmp_path / "shufflenet_audit.csv").stat().st_size > 0
-    assert (tmp_path / "shufflenet_trace.json").stat().st_size > 0
+    assert (tmp_path / "audit_out" / "shufflenet_audit.csv").stat().st_size > 0
+    assert (tmp_path / "audit_out" / "shufflenet_trace.json").stat().st_size > 0
     assert nb.cells[-1].outputs[-1]["data"]["text/plain"] == "True"
 
 
