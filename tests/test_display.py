@@ -429,6 +429,22 @@ def test_the_verification_html_shows_units_and_leads_with_the_measured_saving():
     assert re.search(r">all</td>\s*<td[^>]*>-</td>", together)  # all fixes together are no fix 0
 
 
+def test_the_verification_text_says_all_together_only_for_more_than_one_fix():
+    """Issue 41: with one fix, "all together" repeated it (the same fix made and timed again)."""
+    from auditor._display._fixes import verification_text
+
+    row = {"kind": "fix", "fix": 1, "pattern": "p", "source": "", "applied": True, "hotspots_before": 3,
+           "hotspots_after": 0, "same_outputs": True, "max_rel_diff": 0.0, "step_us_before": 26082.7505,
+           "step_us_after": 24000.25, "saving_us": 2082.5, "saving_low_us": 1000.0, "saving_high_us": 3000.0,
+           "ratio": 0.92, "ratio_low": 0.88, "ratio_high": 0.96, "rounds": 7, "estimated_us": 1931.5,
+           "verdict": "helps", "reason": ""}
+    together = {**row, "kind": "all", "fix": 0, "pattern": "", "source": ""}
+    one = verification_text(pd.DataFrame([row, together]))
+    assert "fix 1" in one and "all together" not in one and one.count("verdict: helps") == 1
+    two = verification_text(pd.DataFrame([row, {**row, "fix": 2}, together]))
+    assert "all together" in two and two.count("verdict: helps") == 3
+
+
 def test_conversions_only_the_compiled_step_makes_are_not_listed_as_eager_causes():
     """Issue 29: rows marked "only compiled" sat under "Eager causes under the compiler"."""
     from auditor._display._compiled import compiled_html, compiled_text
@@ -484,3 +500,23 @@ def test_html_header_flows_and_keeps_numbers_with_their_units(audit):
     out = audit._repr_html_()
     head = out[:out.index("<table")]
     assert "\u00a0kB" in head and not re.search(r"\d kB", head)
+
+
+def test_a_styled_table_exports_as_shown_short_paths_and_units_in_the_headings():
+    """Issue 41: ``causes()`` written with pandas carried absolute paths and raw µs under
+    ``time_us``. ``styled(frame).to_csv()`` writes the table as the report shows it: each source
+    relative to its package, numbers kept numbers with their unit in the heading; the frame
+    itself is unchanged."""
+    import io
+
+    lib = os.path.join(sysconfig.get_paths()["purelib"], "torchvision", "models", "resnet.py")
+    frame = pd.DataFrame({"cause": [1], "source": [f"{lib}:150"], "bytes": [802800], "time_us": [404.7],
+                          "saving_low_us": [1.5], "share": [0.25]})
+    shown = auditor.styled(frame)
+    back = pd.read_csv(io.StringIO(shown.to_csv()))
+    assert list(back.columns) == ["cause", "source", "bytes (B)", "time (µs)", "saving_low (µs)", "share (%)"]
+    assert back["source"][0] == f"{os.path.join('torchvision', 'models', 'resnet.py')}:150"
+    assert back["time (µs)"][0] == 404.7 and back["bytes (B)"][0] == 802800 and back["share (%)"][0] == 25.0
+    renamed = auditor.styled(frame, columns={"source": "file:line", "time_us": "time"}).table()
+    assert list(renamed.columns) == ["file:line", "time (µs)"]
+    assert frame["source"][0] == f"{lib}:150"  # the DataFrame keeps the recorded path

@@ -95,7 +95,11 @@ def verification_text(frame: pd.DataFrame) -> str:
         return "Verified fixes: none (no fixes)."
     lines = [f"Verified fixes ({int((frame['kind'] == 'fix').sum())}, applied to copies, timed at one thread in "
              "process CPU time):"]
+    # one fix and nothing exposed: "all together" is that fix made again, measured again
+    single = int((frame["kind"] == "fix").sum()) == 1 and not (frame["kind"] == "exposed").any()
     for r in frame.to_dict("records"):
+        if single and r["kind"] == "all":
+            continue
         name = {"fix": f"fix {r['fix']}", "all": "all together", "exposed": "exposed by the fixes"}[r["kind"]]
         where = short_source(r["source"]) if r["source"] else ""
         lines.append(f"  {name}" + (f" [{r['pattern']}] {where}" if r["pattern"] else ""))
