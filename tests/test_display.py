@@ -520,3 +520,16 @@ def test_a_styled_table_exports_as_shown_short_paths_and_units_in_the_headings()
     renamed = auditor.styled(frame, columns={"source": "file:line", "time_us": "time"}).table()
     assert list(renamed.columns) == ["file:line", "time (µs)"]
     assert frame["source"][0] == f"{lib}:150"  # the DataFrame keeps the recorded path
+
+
+def test_a_fix_without_a_line_names_its_module_once_not_where_a_line_goes():
+    """Issue 41: "swap module: 1  (1, Softmax)" put the module's name where the source line goes."""
+    from auditor._display._fixes import fixes_text
+
+    row = {"fix": 1, "action": "swap module", "source": "", "module": "1", "module_type": "Softmax", "bytes": 81900,
+           "hotspots": 5, "line": "", "suggestion": "model[1] = auditor.keep_format(model[1])", "detail": "why",
+           "reason": "", "forward_bytes": 32800, "backward_bytes": 49100}
+    text = fixes_text(pd.DataFrame([row]), 5)
+    assert "1. swap module 1 (Softmax)  saves 81.9 kB (5 hotspot groups)" in text
+    at_line = fixes_text(pd.DataFrame([{**row, "source": "/x/a.py:7"}]), 5)
+    assert "1. swap module: /x/a.py:7  (1, Softmax)  saves" in at_line

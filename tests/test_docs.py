@@ -102,6 +102,23 @@ def test_output_shapes_tolerate_timings_but_not_words():
     assert check_output(None, "a  \nb", "a\nb\n") is None
 
 
+def test_measured_outputs_leave_only_the_timings_outcome_and_verdict_free():
+    """``shape, measured``: a verification's outcome on this machine's noise (within noise,
+    helps, hurts) and its verdict may differ from the page; its hotspots, outputs and every
+    other word may not."""
+    from conftest import check_output
+
+    shown = ("  fix 1 [p]\n      hotspot groups 5 -> 0; same outputs and gradients\n"
+             "      step 1.0 ms -> 1.1 ms: within noise: after / before 1.1 [0.9, 1.2] straddles 1; estimated 0 s\n"
+             "      verdict: within noise")
+    helps = shown.replace("within noise: after / before 1.1 [0.9, 1.2] straddles 1", "9.0% faster: saving 90 µs")
+    helps = helps.replace("verdict: within noise", "verdict: helps")
+    assert check_output("shape, measured", shown, helps) is None
+    assert check_output("shape", shown, helps)  # plain shape holds the words
+    assert check_output("shape, measured", shown, helps.replace("5 -> 0", "5 -> 2").replace("same", "OTHER"))
+    assert check_output("shape, measured", shown, helps.replace("estimated 0 s", "estimated nothing"))
+
+
 def test_output_shapes_let_rows_ranked_by_time_cross_the_cut_but_keep_their_number_and_form():
     from conftest import check_output
 

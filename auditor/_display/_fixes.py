@@ -30,12 +30,13 @@ def fixes_text(frame: pd.DataFrame, hotspot_groups: int, *, writes: Collection[s
     something to do)."""
     lines = [fixes_headline(frame, hotspot_groups)]
     for r in frame.to_dict("records"):
-        where = short_source(r["source"]) or r["module"]
+        where = short_source(r["source"])
+        # a fix at a line says where and which module; one with no line (a module swapped) names the module
+        what = (f"{r['action']}: {where}  ({r['module']}, {r['module_type'] or '-'})" if where
+                else f"{r['action']} {r['module']} ({r['module_type'] or '-'})")
         lines.append("")
-        lines.append(
-            f"{r['fix']}. {r['action']}: {where}  ({r['module']}, {r['module_type'] or '-'})  "
-            f"saves {format_bytes(r['bytes'])} ({r['hotspots']} hotspot group{'s' if r['hotspots'] != 1 else ''})"
-        )
+        lines.append(f"{r['fix']}. {what}  saves {format_bytes(r['bytes'])} "
+                     f"({r['hotspots']} hotspot group{'s' if r['hotspots'] != 1 else ''})")
         if r["line"]:
             lines.extend(_block("now:  ", r["line"]))
         if r["suggestion"]:
@@ -102,7 +103,7 @@ def verification_text(frame: pd.DataFrame) -> str:
             continue
         name = {"fix": f"fix {r['fix']}", "all": "all together", "exposed": "exposed by the fixes"}[r["kind"]]
         where = short_source(r["source"]) if r["source"] else ""
-        lines.append(f"  {name}" + (f" [{r['pattern']}] {where}" if r["pattern"] else ""))
+        lines.append(f"  {name}" + (f" [{r['pattern']}]" + (f" {where}" if where else "") if r["pattern"] else ""))
         if r["kind"] == "exposed":
             what = "made with the others" if r["applied"] else f"by hand: {r['reason']}"
             lines.append(f"      a new cause once every fix is made ({r['hotspots_before']} hotspot groups); its fix: "

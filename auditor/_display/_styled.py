@@ -29,7 +29,7 @@ class Styled:
         """The frame as its table shows it, to export (``to_csv``, a spreadsheet): the columns
         shown, in order and named as shown; each source as its short ``file:line``, relative to
         its package as the report writes it; bytes, times and shares as numbers with their unit
-        in the heading (``bytes (B)``, ``time (µs)``, ``share (%)``), never text."""
+        in the heading (``bytes (B)``, ``time (µs)`` to 0.1 µs, ``share (%)``), never text."""
         frame = self.frame
         columns = self.options.get("columns")
         names = dict(columns) if isinstance(columns, Mapping) else {c: c for c in (columns or frame.columns)}
@@ -45,9 +45,9 @@ class Styled:
             elif key.endswith("_us") or "_us_" in key:
                 if heading == key:  # the frame's own name: its unit moves into the heading
                     heading = key.removesuffix("_us").replace("_us_", "_")
-                heading += " (µs)"
+                values, heading = values.round(1), heading + " (µs)"  # to 0.1 µs, as a profiler gives
             elif key == "share":
-                values, heading = values * 100, heading + " (%)"
+                values, heading = (values * 100).round(2), heading + " (%)"
             out[heading] = values.to_numpy()
         return pd.DataFrame(out)
 
