@@ -47,6 +47,24 @@ def fixes_text(frame: pd.DataFrame, hotspot_groups: int, *, writes: Collection[s
     return "\n".join(lines)
 
 
+def applied_text(frame: pd.DataFrame) -> str:
+    """``Fixes.apply()``'s table as text: per fix made or tried, its round, pattern, action and
+    line, then what was done or why not; one line each, not a pandas table as wide as its
+    longest detail."""
+    if frame.empty:
+        return "Applied: nothing (no fixes)."
+    made = int(frame["applied"].astype(bool).sum())
+    lines = [f"Applied {made} of {len(frame)} fix{'es' if len(frame) != 1 else ''}:"]
+    for r in frame.to_dict("records"):
+        where = short_source(r["source"])
+        round_ = "" if int(r["round"]) == 1 else f" (exposed, round {int(r['round'])})"
+        lines.append(f"  fix {r['fix']}{round_} [{r['pattern']}] {r['action']}" + (f" at {where}" if where else "")
+                     + (": made" if r["applied"] else ": NOT made"))
+        if r["detail"]:
+            lines.append(f"      {r['detail']}")
+    return "\n".join(lines)
+
+
 def _block(label: str, code: str) -> list[str]:
     """A statement of one or more lines under a label, its own indentation kept relative to its
     first line."""
