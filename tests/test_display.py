@@ -533,3 +533,28 @@ def test_a_fix_without_a_line_names_its_module_once_not_where_a_line_goes():
     assert "1. swap module 1 (Softmax)  saves 81.9 kB (5 hotspot groups)" in text
     at_line = fixes_text(pd.DataFrame([{**row, "source": "/x/a.py:7"}]), 5)
     assert "1. swap module: /x/a.py:7  (1, Softmax)  saves" in at_line
+
+
+def test_a_single_trunk_report_goes_deeper_and_says_how_many_modules_it_left_off():
+    """Issue 41: a model whose body is one child (``features``) got one module row of 100% at
+    depth 1, and the text left off modules past the fifth without a word (the HTML says "... and
+    N more"). The default depth is the first that splits the hotspots; a depth given is kept."""
+
+    class Trunk(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.features = nn.Sequential(*[nn.Sequential(nn.Conv2d(4, 4, 3, padding=1), nn.Softmax(dim=1))
+                                            for _ in range(7)], nn.Conv2d(4, 4, 3, padding=1))
+
+        def forward(self, x):
+            return self.features(x)
+
+    cl = torch.channels_last
+    a = auditor.audit(Trunk().to(memory_format=cl), torch.randn(1, 4, 8, 8).to(memory_format=cl), record_time=False)
+    text = a.report()
+    modules = text[text.index("Modules with most hotspot"):]
+    assert "(depth 2;" in modules and "features.3" in modules and "100.0%" not in modules
+    more = len(a.summary(2).query("hotspots > 0")) - 5
+    assert more > 0 and f"... and {more} more (Audit.summary(2))" in modules
+    assert f"... and {more} more (Audit.summary(2))" in a.html()
+    assert "(depth 1;" in a.report(depth=1) and "100.0%" in a.report(depth=1)

@@ -15,12 +15,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import pandas as pd
 
-from ._report import combine_blocks, module_rows, total_lines
+from ._report import MODULES_SHOWN, combine_blocks, module_rows, total_lines
 from ._text import join_units, measured_short, short_source
 from ._units import format_bytes, format_us
-
-#: Modules shown under the causes and hotspot groups (as many as the text report shows).
-MODULES_SHOWN = 5
 
 #: Columns shown as ``file:line``, whole, with the recorded path as tooltip.
 SOURCE_COLUMNS = ("source",)

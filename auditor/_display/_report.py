@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 from .._analysis._costs import times_note
+from .._analysis._summaries import module_at_depth
 from .._recording import _rules as rules
 from ._text import Column, estimate_text, saving_text, short_source, shorten, text_table, wrap
 from ._units import format_bytes, format_us
@@ -19,6 +20,8 @@ KIND_NOTES = {rules.NOT_APPLICABLE: " (no image read or written, or a factory)",
 
 #: Symptoms listed under one cause before "... and N more".
 SYMPTOMS_SHOWN = 4
+#: Modules listed before "... and N more" (the HTML shows as many).
+MODULES_SHOWN = 5
 
 #: A hotspot table's columns after its lead ones: where and what (:func:`hotspot_lines`) ...
 HOTSPOT_COLUMNS = [
@@ -68,7 +71,9 @@ def audit_report(ops: pd.DataFrame, hot: pd.DataFrame, summary: pd.DataFrame, ca
         lines.append("")
         lines.append(f"Modules with most hotspot {what} (depth {depth}; share of the hotspots' {what}):")
         time = [Column("time_us", width=9, align=">", text=format_us)] if timed else []
-        lines.extend(text_table(summ.head(5), [*MODULE_COLUMNS, *time], header=False))
+        lines.extend(text_table(summ.head(MODULES_SHOWN), [*MODULE_COLUMNS, *time], header=False))
+        if len(summ) > MODULES_SHOWN:  # as the HTML says it
+            lines.append(f"  ... and {len(summ) - MODULES_SHOWN} more (Audit.summary({depth}))")
     else:
         lines.append("  No losses or conversions between convolutions: channels_last propagates.")
     return "\n".join(lines)
@@ -326,3 +331,23 @@ def more_rows(rest: pd.DataFrame, what: str) -> str:
     (``3 more rows (12 groups in Audit.hotspots())``)."""
     groups = int(rest["groups"].sum()) if "groups" in rest else len(rest)
     return f"{len(rest)} more {what}" if groups == len(rest) else f"{len(rest)} more rows ({groups} {what})"
+
+
+#: the deepest level :func:`trunk_depth` looks at (``auditor.plot``'s default depth looks as deep)
+TRUNK_DEPTH_MOST = 6
+
+
+def trunk_depth(ops: pd.DataFrame, most: int = TRUNK_DEPTH_MOST) -> int:
+    """The depth the report's module table shows by default: the shallowest at which the
+    hotspots fall in two or more modules, so that a model whose children are one trunk
+    (``features``, ``blocks``, ``trunk_output``) is not one row of 100% (the figures' default
+    depth is chosen alike); 1 without hotspots, else the depth that splits them most."""
+    hot = ops.loc[ops["hotspot"], "module"]
+    best, widest = 1, 0
+    for depth in range(1, most + 1):
+        n = module_at_depth(hot, depth).nunique()
+        if n >= 2:
+            return depth
+        if n > widest:
+            best, widest = depth, n
+    return best
