@@ -558,3 +558,37 @@ def test_a_single_trunk_report_goes_deeper_and_says_how_many_modules_it_left_off
     assert more > 0 and f"... and {more} more (Audit.summary(2))" in modules
     assert f"... and {more} more (Audit.summary(2))" in a.html()
     assert "(depth 1;" in a.report(depth=1) and "100.0%" in a.report(depth=1)
+
+
+def test_a_plans_html_names_its_columns_as_its_text_does_and_writes_ratios_to_three_places():
+    """Issue 41: the plan's HTML headed ``predicted_us`` over values in ms, ratios to 6 places."""
+    from auditor._display._plans import plan_html
+
+    candidates = pd.DataFrame({"candidate": ["all contiguous", "all channels_last"], "predicted_us": [2000.0, 1500.0],
+                               "measured_us": [2100.0, 1400.0], "spread": [0.01, 0.02], "vs": ["", "all contiguous"],
+                               "ratio": [float("nan"), 0.6666667], "ratio_low": [float("nan"), 0.6512345],
+                               "ratio_high": [float("nan"), 0.6801234], "repeats": [7, 7], "within_noise": [False, False],
+                               "chosen": [False, True]})
+    decisions = pd.DataFrame({"convolutions": ["a"], "format": ["channels_last"], "ratio": [0.81234567]})
+    out = plan_html(headline="Layout plan", candidates=candidates, notes=[], decisions=decisions)
+    assert "predicted_us" not in out and ">predicted<" in out and ">within noise<" in out
+    assert ">0.667<" in out and ">0.651<" in out and ">0.812<" in out and not re.search(r"\d\.\d{4,}", out)
+    assert ">2.0 ms<" in out or ">2 ms<" in out
+
+
+def test_counts_take_their_nouns_number_and_module_names_are_never_cut():
+    """Issue 41: "1 more rows", "in 1 regions", and merged module names cut from the left
+    ("….1,4–11.block.*.avgpool"), which named no module."""
+    from auditor._display._plans import plan_headline
+    from auditor._display._report import SYMPTOM_COLUMNS, more_rows
+    from auditor._display._text import text_table
+
+    assert more_rows(pd.DataFrame({"groups": [3]}), "hotspot groups") == "1 more row (3 hotspot groups)"
+    assert more_rows(pd.DataFrame({"groups": [3, 1]}), "hotspot groups") == "2 more rows (4 hotspot groups)"
+    head = plan_headline(backward=True, device="cpu", clock="process", margin=0.02, formats={"a": "channels_last"},
+                         regions=1, input_conversions=0)
+    assert " in 1 region;" in head
+    long = "features.1,4–11.block.1–2.avgpool.inner"
+    rows = pd.DataFrame({"phase": ["forward"], "module": [long], "op": ["aten.mean.dim"], "kind": ["loses"],
+                         "count": [2], "bytes": [100]})
+    assert long in text_table(rows, SYMPTOM_COLUMNS, header=False)[0]

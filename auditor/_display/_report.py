@@ -25,7 +25,8 @@ MODULES_SHOWN = 5
 
 #: A hotspot table's columns after its lead ones: where and what (:func:`hotspot_lines`) ...
 HOTSPOT_COLUMNS = [
-    Column("phase", width=8), Column("module", width=6, most=32, clip=shorten), Column("op", width=2, most=40),
+    # a module's name is never cut ("….1,4–11.block.*.avgpool" named no module): a long one widens its row
+    Column("phase", width=8), Column("module", width=6), Column("op", width=2, most=40),
     Column("kind", width=8),
 ]
 #: ... and by default what it did and how much.
@@ -35,7 +36,7 @@ HOTSPOT_TAIL = [
 ]
 #: A symptom under its cause: one hotspot group.
 SYMPTOM_COLUMNS = [
-    Column("phase", width=8), Column("module", width=24, most=24, clip=shorten),
+    Column("phase", width=8), Column("module", width=24),
     Column("op", width=40, most=40, clip=shorten), Column("kind", width=8), Column("count", width=4, align=">", text="{}x".format),
     Column("bytes", width=9, align=">", text=format_bytes),
 ]
@@ -212,7 +213,7 @@ def _cause_lines(causes: pd.DataFrame, hot: pd.DataFrame, top: int, verified: pd
     lines = [f"Causes, {order} first ({len(causes)}; Audit.causes(), symptoms in Audit.hotspots()):"]
     for c in causes.head(top).itertuples():
         where = f"{c.module} ({c.module_type})" if c.module_type else c.module
-        lines.append(f"  {c.cause:>2}. [{c.pattern}] {c.phase} {c.op} {c.kind} in {shorten(where, 50)}")
+        lines.append(f"  {c.cause:>2}. [{c.pattern}] {c.phase} {c.op} {c.kind} in {where}")
         if c.cause in measured:
             for i, part in enumerate(wrap(f"measured: {saving_text(measured[c.cause])}", 110)):
                 lines.append(f"      {part}" if i == 0 else f"        {part}")
@@ -330,7 +331,8 @@ def more_rows(rest: pd.DataFrame, what: str) -> str:
     """How many rows were left off, and how many hotspot groups they combine where that is more
     (``3 more rows (12 groups in Audit.hotspots())``)."""
     groups = int(rest["groups"].sum()) if "groups" in rest else len(rest)
-    return f"{len(rest)} more {what}" if groups == len(rest) else f"{len(rest)} more rows ({groups} {what})"
+    rows = f"{len(rest)} more row{'' if len(rest) == 1 else 's'}"
+    return f"{len(rest)} more {what}" if groups == len(rest) else f"{rows} ({groups} {what})"
 
 
 #: the deepest level :func:`trunk_depth` looks at (``auditor.plot``'s default depth looks as deep)
