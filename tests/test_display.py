@@ -316,6 +316,7 @@ def test_a_fixes_code_is_a_block_under_the_table_with_its_indentation():
     assert blocks[0] == "def shuffle(x, groups):\n    y = x.view(2, 3)\n    return y.contiguous()"
     assert blocks[1] == "torch.nn.functional.channel_shuffle(x, groups)"
     assert all("overflow-wrap: normal" in p and "pre-wrap" in p for p in re.findall(r"<pre style=\"([^\"]*)\"", out))
+    assert '<div style="max-width: 32em' in table  # "why", the one prose column left, has room
 
 
 def test_nothing_reads_as_zero_point_zero():

@@ -59,9 +59,11 @@ def table_html(frame: pd.DataFrame, *, columns: Mapping[str, str] | Sequence[str
     styler = view.style.format(escape="html", na_rep="-").format_index(_heading, axis=1).hide(axis="index")
     # each later format() names its subset: one without resets the other columns' escaping
     formatted = {names[c]: _escaped(f) for c, f in fmt.items() if c in names and c not in sources}
-    for c in names:  # prose and code: escaped, in a box of a width (a table cell ignores max-width)
-        if c in TEXT_COLUMNS and c not in sources and not pd.api.types.is_numeric_dtype(shown[c]):
-            formatted[names[c]] = _boxed(formatted.get(names[c], html.escape), c in CODE_COLUMNS)
+    texts = [c for c in names if c in TEXT_COLUMNS and c not in sources and not pd.api.types.is_numeric_dtype(shown[c])]
+    # three such columns fit a 1400 px page at 16em each; one alone (a fix's "why") takes twice that
+    width = PROSE_WIDTH if len(texts) > 1 else LONE_PROSE_WIDTH
+    for c in texts:  # prose and code: escaped, in a box of a width (a table cell ignores max-width)
+        formatted[names[c]] = _boxed(formatted.get(names[c], html.escape), c in CODE_COLUMNS, width)
     if formatted:
         styler = styler.format(formatted, subset=list(formatted), na_rep="-")
     if sources:
@@ -95,9 +97,12 @@ def column_css(values: pd.Series, name: str, *, sources: bool = False, formatted
     return [{"selector": "td", "props": props}, {"selector": "th", "props": f"{align}; vertical-align: bottom"}]
 
 
-def _boxed(escaped: Callable[[object], str], code: bool) -> Callable[[object], str]:
-    """A cell formatter that puts the escaped text in a block that wraps within its width."""
-    width = "16em"  # three such columns beside a fix table's others fit a 1400 px page
+#: the width prose and code wrap within in a table of several such columns, and in one of one
+PROSE_WIDTH, LONE_PROSE_WIDTH = "16em", "32em"
+
+
+def _boxed(escaped: Callable[[object], str], code: bool, width: str = PROSE_WIDTH) -> Callable[[object], str]:
+    """A cell formatter that puts the escaped text in a block that wraps within ``width``."""
     font = "; font-family: monospace" if code else ""
     space = "pre-wrap" if code else "normal"
     return lambda v: (f'<div style="max-width: {width}; min-width: 10em; white-space: {space}; '
