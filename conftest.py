@@ -9,8 +9,8 @@ block before it prints.
   (``- ...``) shown above a ``... and N more`` line are the first of a list ranked by time, so
   which rows make the cut is free too: only their number and each one's form are checked;
 - ``<!-- output: shape, measured -->``: shape, and what one timing on a noisy machine decides is
-  free too: a verified step's outcome (``step 1 ms -> 2 ms: <this>; estimated ...``) and its
-  ``verdict:`` (helps, within noise, hurts); everything else the verification says is checked.
+  free too: a verified step's outcome (``step 1 ms -> 2 ms: <this, to the verdict line>``) and
+  its ``verdict:`` (helps, within noise, hurts); everything else the verification says is checked.
 
 Setup that would only clutter a page goes in an ``<!-- invisible-code-block: python -->``
 comment, which runs like a block. Pages run from the repository root, so the source lines that
@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent
 STDOUT = "__printed__"
 OUTPUT = re.compile(r"^<!-- output(?:: (?P<mode>shape(?:, measured)?))? -->\n```text\n(?P<text>.*?)^```$", re.M | re.S)
 #: in ``shape, measured`` blocks, what a timing decided: a verified step's outcome, its verdict
-MEASURED = [(re.compile(r"^(\s*step [^:]*:).*?(; estimated .*)?$", re.M), r"\1 <measured>\2"),
+MEASURED = [(re.compile(r"^(\s*step [^:\n]*:).*?\n(?=\s*verdict:)", re.M | re.S), r"\1 <measured>\n"),
             (re.compile(r"^(\s*verdict:).*$", re.M), r"\1 <measured>")]
 UNITS = {"ns", "µs", "ms", "s", "B", "kB", "MB", "GB", "TB"}
 NUMBER = re.compile(r"\d+(?:\.\d+)?(?:e[-+]?\d+)?")

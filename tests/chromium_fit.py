@@ -34,9 +34,11 @@ window.addEventListener('load', () => {
   });
   if (document.querySelector('.md-content__inner')) {  // a docs page: code and output blocks too
     document.querySelectorAll('.md-content__inner pre').forEach((p, i) => {
-      if (p.scrollWidth > p.clientWidth + 1 || p.getBoundingClientRect().right > edge + 0.5) {
+      const c = p.querySelector(':scope > code') || p;  // the theme scrolls the code inside the block
+      if (p.scrollWidth > p.clientWidth + 1 || c.scrollWidth > c.clientWidth + 1
+          || p.getBoundingClientRect().right > edge + 0.5) {
         const first = p.textContent.trim().split('\\n')[0].slice(0, 80);
-        bad.push(`block ${i} (${first}): scrollWidth ${p.scrollWidth} > ${p.clientWidth}`);
+        bad.push(`block ${i} (${first}): scrollWidth ${Math.max(p.scrollWidth, c.scrollWidth)} > ${c.clientWidth}`);
       }
     });
   }

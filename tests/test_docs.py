@@ -116,7 +116,9 @@ def test_measured_outputs_leave_only_the_timings_outcome_and_verdict_free():
     assert check_output("shape, measured", shown, helps) is None
     assert check_output("shape", shown, helps)  # plain shape holds the words
     assert check_output("shape, measured", shown, helps.replace("5 -> 0", "5 -> 2").replace("same", "OTHER"))
-    assert check_output("shape, measured", shown, helps.replace("estimated 0 s", "estimated nothing"))
+    wrapped = helps.replace(" [0.9, 1.2]", "\n        [0.9, 1.2]").replace("; estimated", "\n        ; estimated")
+    assert check_output("shape, measured", shown, wrapped) is None  # the outcome wraps as long as it needs
+    assert check_output("shape, measured", shown, helps.replace("verdict: helps", "verdict: helps\n  more"))
 
 
 def test_output_shapes_let_rows_ranked_by_time_cross_the_cut_but_keep_their_number_and_form():

@@ -9,7 +9,7 @@ from collections.abc import Collection
 import pandas as pd
 
 from ._html import header_html, table_html
-from ._text import join_units, saving_text, short_source
+from ._text import join_units, saving_text, short_source, wrap
 from ._units import format_bytes, format_us
 
 
@@ -41,9 +41,9 @@ def fixes_text(frame: pd.DataFrame, hotspot_groups: int, *, writes: Collection[s
             lines.extend(_block("now:  ", r["line"]))
         if r["suggestion"]:
             lines.extend(_block("write:" if r["action"] in writes else "do:   ", r["suggestion"]))
-        lines.append(f"     why:   {r['detail']}")
+        lines.extend(_wrapped("     why:   ", r["detail"]))
         if r.get("reason"):
-            lines.append(f"     by hand: {r['reason']}")
+            lines.extend(_wrapped("     by hand: ", r["reason"]))
     return "\n".join(lines)
 
 
@@ -63,6 +63,18 @@ def applied_text(frame: pd.DataFrame) -> str:
         if r["detail"]:
             lines.append(f"      {r['detail']}")
     return "\n".join(lines)
+
+
+#: where the fixes' and the verification's prose wraps, as the report's does
+WIDTH = 114
+
+
+def _wrapped(label: str, text: str, hang: int | None = None) -> list[str]:
+    """``text`` after ``label``, wrapped at :data:`WIDTH` (never between a number and its unit),
+    its later lines under its first (``hang``: that many spaces further in than the label)."""
+    under = " " * (len(label) if hang is None else len(label) + hang)
+    first, *rest = wrap(str(text), WIDTH - len(label))
+    return [f"{label}{first}", *(f"{under}{line}" for line in rest)]
 
 
 def _block(label: str, code: str) -> list[str]:
@@ -143,8 +155,8 @@ def verification_text(frame: pd.DataFrame) -> str:
         if not pd.isna(r.get("contiguous_hotspots_after", pd.NA)):
             lines.append(f"      run all-contiguous: hotspot groups {r['contiguous_hotspots_before']} -> "
                          f"{r['contiguous_hotspots_after']}")
-        lines.append(f"      step {format_us(r['step_us_before'])} -> {format_us(r['step_us_after'])}: "
-                     f"{saving_text(r)}; estimated {format_us(r['estimated_us'])}")
+        lines.extend(_wrapped("      ", f"step {format_us(r['step_us_before'])} -> {format_us(r['step_us_after'])}: "
+                                        f"{saving_text(r)}; estimated {format_us(r['estimated_us'])}", hang=2))
         lines.append(f"      verdict: {r['verdict']}")
     return "\n".join(lines)
 
