@@ -10,7 +10,7 @@ OLDEST_PY := $(OLDEST)/bin/python
 
 DOCS_STAMP := $(VENV)/.docs-installed
 
-.PHONY: demo test test-oldest lint bench docs package-check clean
+.PHONY: demo test test-oldest lint bench docs serve package-check clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -51,6 +51,11 @@ $(DOCS_STAMP): $(STAMP) pyproject.toml
 
 docs: $(DOCS_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
+# The built site/ browses and searches from disk (open site/index.html); this serves the pages
+# at http://127.0.0.1:8000 instead, rebuilt as docs/ changes, for writing them.
+serve: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
 
 # The wheel and the sdist, each installed in a clean virtual environment that runs the quick start.
 package-check: $(STAMP)

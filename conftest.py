@@ -7,7 +7,10 @@ block before it prints.
   every number free and a time or size unit free to change (``µs`` or ``ms``); the first line in
   place, the others in any order (rows ranked by time may swap) and wrapped anywhere; rows
   (``- ...``) shown above a ``... and N more`` line are the first of a list ranked by time, so
-  which rows make the cut is free too: only their number and each one's form are checked.
+  which rows make the cut is free too: only their number and each one's form are checked;
+- ``<!-- output: shape, measured -->``: shape, and what one timing on a noisy machine decides is
+  free too: a verified step's outcome (``step 1 ms -> 2 ms: <this, to the verdict line>``) and
+  its ``verdict:`` (helps, within noise, hurts); everything else the verification says is checked.
 
 Setup that would only clutter a page goes in an ``<!-- invisible-code-block: python -->``
 comment, which runs like a block. Pages run from the repository root, so the source lines that
@@ -33,7 +36,10 @@ except ImportError:  # sybil is in the dev extra; without it the examples are no
 
 ROOT = Path(__file__).resolve().parent
 STDOUT = "__printed__"
-OUTPUT = re.compile(r"^<!-- output(?:: (?P<mode>shape))? -->\n```text\n(?P<text>.*?)^```$", re.M | re.S)
+OUTPUT = re.compile(r"^<!-- output(?:: (?P<mode>shape(?:, measured)?))? -->\n```text\n(?P<text>.*?)^```$", re.M | re.S)
+#: in ``shape, measured`` blocks, what a timing decided: a verified step's outcome, its verdict
+MEASURED = [(re.compile(r"^(\s*step [^:\n]*:).*?\n(?=\s*verdict:)", re.M | re.S), r"\1 <measured>\n"),
+            (re.compile(r"^(\s*verdict:).*$", re.M), r"\1 <measured>")]
 UNITS = {"ns", "µs", "ms", "s", "B", "kB", "MB", "GB", "TB"}
 NUMBER = re.compile(r"\d+(?:\.\d+)?(?:e[-+]?\d+)?")
 #: a number alone as :func:`shape` writes it (``#``, ``#x``, ``(#%)``), not a name holding one
@@ -75,7 +81,11 @@ def rank_free(text: str) -> str:
 
 
 def check_output(mode: str | None, expected: str, printed: str) -> str | None:
-    """None when ``printed`` is what the page shows (``mode``: None exact, "shape" shape)."""
+    """None when ``printed`` is what the page shows (``mode``: None exact, "shape" shape,
+    "shape, measured" shape with the timings' outcomes free)."""
+    if mode == "shape, measured":
+        for pattern, to in MEASURED:
+            expected, printed = pattern.sub(to, expected), pattern.sub(to, printed)
     if mode is None:
         strip = lambda s: "\n".join(line.rstrip() for line in s.strip("\n").splitlines())  # noqa: E731
         if strip(printed) == strip(expected):

@@ -44,6 +44,7 @@ def format_audit():
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item: pytest.Item):
     """Run a test that carries the ``format_audit`` marker inside a guarded block."""
+    __tracebackhide__ = True  # a failure shows the test, not the plugin
     marker = item.get_closest_marker("format_audit")
     if marker is None:
         yield

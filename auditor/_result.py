@@ -11,7 +11,7 @@ from ._analysis._pipeline import STAGES, Analysis
 from ._display import progress
 from ._display._compiled import compiled_html, compiled_text
 from ._display._html import audit_html
-from ._display._report import audit_report
+from ._display._report import audit_report, trunk_depth
 from ._display._trace import chrome_trace, write_chrome_trace
 from ._recording import _csv as csvfile
 from ._recording import _log as log
@@ -154,20 +154,24 @@ class Audit:
         """Per aten op: how often it preserved or lost channels_last on this device and dtype."""
         return self.analysis().coverage.copy()
 
-    def report(self, top: int = 10, depth: int = 1, verification: pd.DataFrame | None = None) -> str:
+    def report(self, top: int = 10, depth: int | None = None, verification: pd.DataFrame | None = None) -> str:
         """A one-screen text report: totals, the ``top`` causes with their symptoms folded under
-        them, and the modules at ``depth`` that cost most; then, for a compiled audit, the
+        them, and the modules at ``depth`` that cost most (by default 1, or deeper while one
+        module, a model's single trunk, holds every hotspot); then, for a compiled audit, the
         compiled step. ``verification``: ``Fixes.verify()``'s table, whose measured savings are
         shown beside the estimates."""
+        depth = trunk_depth(self.ops()) if depth is None else depth
         text = audit_report(self.ops(), self.hotspots(), self.summary(depth), self.causes(), complete=self.complete,
                             error=self.error, top=top, depth=depth, verified=verification, threads=self.threads)
         if self.compiled is not None:
             text += "\n\n" + compiled_text(*compiled_report_tables(self.compiled, self.causes()), top=top)
         return text
 
-    def html(self, top: int = 10, depth: int = 1, verification: pd.DataFrame | None = None) -> str:
+    def html(self, top: int = 10, depth: int | None = None, verification: pd.DataFrame | None = None) -> str:
         """The report as HTML tables, as a notebook shows the audit (``IPython.display.HTML``
-        shows this one): with ``verification``, the measured savings beside the estimates."""
+        shows this one): with ``verification``, the measured savings beside the estimates;
+        ``depth`` as in :meth:`report`."""
+        depth = trunk_depth(self.ops()) if depth is None else depth
         html = audit_html(self.ops(), self.hotspots(), self.summary(depth), self.causes(), complete=self.complete,
                           error=self.error, top=top, depth=depth, verified=verification, threads=self.threads)
         if self.compiled is not None:

@@ -25,7 +25,7 @@ import torch
 
 import auditor
 from auditor import plot
-from auditor._display._fixes import verification_text
+from auditor._display._fixes import applied_text, verification_text
 from auditor._display._text import saving_text
 from auditor._display._units import format_us
 from auditor._recording._files import atomic_write
@@ -71,14 +71,15 @@ def main(argv=None) -> int:
             build_parser().error(f"--out {out} already holds a demo ({', '.join(existing)}); add --force")
         out.mkdir(parents=True, exist_ok=True)
 
+    say = _Writer(out)
+    say.section(f"1. Audit: {args.model}, input {'x'.join(map(str, dims))} channels_last, one training step")
+    say("(building the model, then one warm-up step and one recorded step...)")
+
     import torchvision
 
     torch.manual_seed(0)
     model = torchvision.models.get_model(args.model, weights=None).train().to(memory_format=CL)
     x = torch.randn(*dims).to(memory_format=CL)
-    say = _Writer(out)
-
-    say.section(f"1. Audit: {args.model}, input {'x'.join(map(str, dims))} channels_last, one training step")
     before = auditor.audit(model, x, warmup=1)
     say(before.report(top=3), file="report_before.txt")
 
@@ -88,6 +89,9 @@ def main(argv=None) -> int:
 
     say.section("3. Verify them: each applied to a copy, re-audited, its outputs and gradients compared, and the "
                 f"training step timed against the original's ({args.rounds}+ paired rounds, one thread, CPU time)")
+    n = len(fixes)
+    say(f"(each of the {n} fix{'es' if n != 1 else ''}{' and all together' if n > 1 else ''}: a copy audited twice, "
+        f"its outputs compared, then up to {args.budget:g} s of timed rounds...)")
     verified = fixes.verify(model, x, rounds=args.rounds, budget_s=args.budget)
     say(verification_text(verified))
     say.write("verify.csv", lambda path: verified.to_csv(path, index=False))
@@ -98,7 +102,7 @@ def main(argv=None) -> int:
 
     say.section("5. Apply the fixes to a copy of the model and audit it")
     fixed = copy.deepcopy(model)
-    say(fixes.apply(fixed).to_string(index=False))
+    say(applied_text(fixes.apply(fixed)) + "\n")
     with fixes.restored():
         expected = copy.deepcopy(model).eval()(x)
     got = copy.deepcopy(fixed).eval()(x)  # before its audit's steps move the batch-norm statistics

@@ -17,6 +17,7 @@ import pandas as pd
 
 from ._api import audit
 from ._display._text import short_source
+from ._display._units import format_bytes
 from ._result import Audit
 from ._session import FormatAuditor
 
@@ -60,6 +61,7 @@ def unexpected_hotspots(a: Audit, phases: Iterable[str] = ("forward",), allow: I
 
 def check_audit(a: Audit, phases: Iterable[str] = ("forward",), allow: Iterable[Allow] = ()) -> None:
     """Raise ``AssertionError`` naming every unexpected hotspot's module and op."""
+    __tracebackhide__ = True  # pytest shows the user's test failing, not this library's frames
     bad = unexpected_hotspots(a, phases, allow)
     if bad.empty:
         return
@@ -68,7 +70,7 @@ def check_audit(a: Audit, phases: Iterable[str] = ("forward",), allow: Iterable[
         where = f" at {short_source(r.source)}" if r.source else ""
         lines.append(
             f"  {r.phase}: module '{r.module}' ({r.module_type}) op {r.op} {r.kind} "
-            f"{r.from_format} -> {r.to_format}, {r.count}x, {r.bytes} bytes{where}"
+            f"{r.from_format} -> {r.to_format}, {r.count}x, {format_bytes(r.bytes)}{where}"
         )
     lines += ["", a.report()]
     raise AssertionError("\n".join(lines))
@@ -85,6 +87,7 @@ def assert_no_hotspots(
     """Audit one step of ``model`` and fail if a hotspot appears in ``phases`` that ``allow``
     does not excuse. The backward pass runs only when a backward phase is checked. Returns
     the audit, for further checks."""
+    __tracebackhide__ = True
     phases = _check_phases(phases)
     audit_kwargs.setdefault("backward", "backward" in phases)
     a = audit(model, *inputs, record_source=record_source, **audit_kwargs)
@@ -113,6 +116,7 @@ class _GuardedBlock:
         return self.recorder.__enter__()
 
     def __exit__(self, exc_type, exc, tb):
+        __tracebackhide__ = True
         self.recorder.__exit__(exc_type, exc, tb)
         self.owner.audit = self.recorder.audit
         if exc_type is None:

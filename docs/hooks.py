@@ -6,6 +6,10 @@
 - ``<!-- generated: public-names -->``: every public name with the first line of its docstring;
 - ``<!-- generated: benchmarks -->``: each benchmark script with the first paragraph of its docstring.
 
+Every table cell's long words (a path, a ``snake_case`` name) may wrap after their ``/``, ``_``
+and ``.`` (:func:`breakable_cells`), so a table of ten columns fits the page's column instead of
+running past it or scrolling inside itself (issue 41; tests/test_docs.py measures the built site).
+
 Before the build, every name in the ``__all__`` of the public modules must have a docstring:
 a missing one is a warning, which ``mkdocs build --strict`` turns into a failure.
 """
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import re
 import sys
 from pathlib import Path
 
@@ -127,6 +132,31 @@ GENERATORS = {"patterns": patterns_table, "cli-help": cli_help, "public-names": 
 def on_pre_build(config, **kwargs):
     for name in check_docstrings():
         log.warning("public name without a docstring: %s", name)
+
+
+#: a table cell, its tag and its content (no nested cells in these pages)
+_CELL = re.compile(r"(<t[dh][^>]*>)(.*?)(</t[dh]>)", re.S)
+#: a word long enough to widen its column
+_LONG_WORD = re.compile(r"[^\s<>]{18,}")
+#: where such a word may break: after a folder, an underscore, a dot between names
+_BREAK_AFTER = re.compile(r"(?<=[/_])(?=[^/_\s])|(?<=[A-Za-z_)]\.)(?=[A-Za-z_])")
+
+
+def breakable_cells(html: str) -> str:
+    """``html`` with a ``<wbr>`` after each ``/``, ``_`` and dot between names in the long words
+    of its table cells: such a cell wraps at a name's joints, never inside a word."""
+    def words(text: str) -> str:
+        return _LONG_WORD.sub(lambda m: _BREAK_AFTER.sub("<wbr>", m.group(0)), text)
+
+    def cell(m: re.Match) -> str:
+        inner = re.sub(r"(?<=>)[^<]+|^[^<]+", lambda t: words(t.group(0)), m.group(2))
+        return m.group(1) + inner + m.group(3)
+
+    return _CELL.sub(cell, html)
+
+
+def on_page_content(html: str, page, config, files, **kwargs):
+    return breakable_cells(html)
 
 
 def on_page_markdown(markdown: str, page, config, files, **kwargs):

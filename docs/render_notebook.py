@@ -24,6 +24,8 @@ RENDERED = ROOT / "docs" / "guides" / "profile_a_model.ipynb"
 
 def main() -> int:
     os.environ.setdefault("AUDITOR_PROGRESS", "0")
+    # the kernel runs in a scratch folder: it imports this checkout's auditor
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
     nb = nbformat.read(SOURCE, as_version=4)
     with tempfile.TemporaryDirectory() as scratch:  # the files the notebook writes are not the site's
         NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": scratch}}).execute()

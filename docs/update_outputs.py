@@ -17,7 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCK = re.compile(r"^```python\n(?P<code>.*?)^```$|^<!-- invisible-code-block: python\n(?P<hidden>.*?)^-->$"
-                   r"|^(?P<head><!-- output(?:: shape)? -->\n```text\n)(?P<text>.*?)^```$", re.M | re.S)
+                   r"|^(?P<head><!-- output(?:: shape(?:, measured)?)? -->\n```text\n)(?P<text>.*?)^```$", re.M | re.S)
 
 
 def update(path: Path) -> bool:
@@ -49,6 +49,7 @@ def update(path: Path) -> bool:
 
 def main(argv: list[str]) -> int:
     os.chdir(ROOT)
+    sys.path.insert(0, str(ROOT))  # this checkout's auditor, whatever an editable install points at
     for name in argv:
         print(f"{name}: {'updated' if update(Path(name)) else 'unchanged'}")
     return 0

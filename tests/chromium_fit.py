@@ -1,5 +1,6 @@
 """Whether HTML tables fit a 1400 px window, asked of headless Chromium (issue 29: notebook and
-report tables ran off the right edge). Shared by the notebook's and the command line's tests."""
+report tables ran off the right edge; issue 41: the docs site's tables scrolled inside themselves,
+hiding most columns). Shared by the notebook's, the command line's and the docs site's tests."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ NOTEBOOK_OUTPUT_WIDTH = 1300
 #: scrolls inside itself, and a page that scrolls sideways, written into the DOM as JSON
 _CHECK = """<script>
 window.addEventListener('load', () => {
-  const box = document.getElementById('fit-box') || document.body;
+  const box = document.getElementById('fit-box') || document.querySelector('.md-content__inner') || document.body;
   const edge = box.getBoundingClientRect().right;
   const bad = [];
   const tables = document.querySelectorAll('table');
@@ -31,12 +32,23 @@ window.addEventListener('load', () => {
                + `box ${Math.round(edge)} px, scrollWidth ${t.scrollWidth} > ${t.clientWidth}`);
     }
   });
+  if (document.querySelector('.md-content__inner')) {  // a docs page: code and output blocks too
+    document.querySelectorAll('.md-content__inner pre').forEach((p, i) => {
+      const c = p.querySelector(':scope > code') || p;  // the theme scrolls the code inside the block
+      if (p.scrollWidth > p.clientWidth + 1 || c.scrollWidth > c.clientWidth + 1
+          || p.getBoundingClientRect().right > edge + 0.5) {
+        const first = p.textContent.trim().split('\\n')[0].slice(0, 80);
+        bad.push(`block ${i} (${first}): scrollWidth ${Math.max(p.scrollWidth, c.scrollWidth)} > ${c.clientWidth}`);
+      }
+    });
+  }
   const page = document.documentElement.scrollWidth;
   if (page > window.innerWidth) bad.push(`the page scrolls sideways: ${page} > ${window.innerWidth} px`);
   const out = document.createElement('pre');
   out.id = 'fit-result';
   out.textContent = JSON.stringify({tables: tables.length, width: window.innerWidth, bad: bad});
   document.body.appendChild(out);
+  if (window.parent !== window) window.parent.postMessage(out.textContent, '*');
 });
 </script>"""
 
@@ -89,3 +101,59 @@ def overflows(page: str, folder: Path, name: str, browser: str, screenshot: Path
 def _height(page: str) -> int:
     """A screenshot's height, tall enough for the page (Chromium shoots the window only)."""
     return min(16000, max(1200, len(page) // 6 + 500 * page.count("<img")))
+
+
+def site_page_overflows(page: Path, browser: str, screenshot: Path | None = None) -> dict:
+    """A built docs page (``site/....html``) laid out at :data:`WIDTH` px: its tables and code or
+    output blocks that do not fit the page's column (they scroll inside themselves or pass its
+    right edge). The checked copy is written beside the page, so its stylesheets and scripts load."""
+    return overflows(page.read_text(encoding="utf-8"), page.parent, f"_fit_{page.stem}", browser, screenshot)
+
+
+#: a page of one iframe per docs page, each :data:`WIDTH` px wide: it gathers what each page's
+#: check posts, and writes them into the DOM once every page has answered
+_HARNESS = """<!DOCTYPE html><html><head><meta charset='utf-8'></head><body><script>
+const pages = %s;
+const found = {};
+window.addEventListener('message', (e) => {
+  const frame = [...document.querySelectorAll('iframe')].find((f) => f.contentWindow === e.source);
+  if (frame) found[frame.dataset.page] = JSON.parse(e.data);
+  if (Object.keys(found).length === pages.length) {
+    const out = document.createElement('pre');
+    out.id = 'fit-result';
+    out.textContent = JSON.stringify(found);
+    document.body.appendChild(out);
+  }
+});
+for (const [page, src] of pages) {
+  const f = document.createElement('iframe');
+  f.dataset.page = page;
+  f.src = src;
+  f.style.width = '%dpx';
+  f.style.height = '1000px';
+  document.body.appendChild(f);
+}
+</script></body></html>"""
+
+
+def site_overflows(site: Path, browser: str) -> dict[str, dict]:
+    """Every page of a built docs site laid out at :data:`WIDTH` px, in one browser run (each in
+    an iframe of that width): page -> ``{"tables": n, "bad": [...]}`` as :func:`overflows` gives.
+    Pages that never report (a script error) are missing from the answer."""
+    pages = [p for p in sorted(site.rglob("*.html")) if not p.name.startswith("_fit_") and p.name != "404.html"]
+    copies = []
+    for p in pages:
+        text = p.read_text(encoding="utf-8")
+        copy = p.with_name(f"_fit_{p.name}")
+        copy.write_text(text.replace("</body>", _CHECK + "</body>") if "</body>" in text else text + _CHECK,
+                        encoding="utf-8")
+        copies.append((p.relative_to(site).as_posix(), copy.relative_to(site).as_posix()))
+    harness = site / "_fit_all.html"
+    harness.write_text(_HARNESS % (json.dumps(copies), WIDTH), encoding="utf-8")
+    done = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                           "--disable-dev-shm-usage", f"--virtual-time-budget={2000 * len(pages)}",
+                           f"--window-size={WIDTH + 40},1000", "--dump-dom", harness.as_uri()],
+                          capture_output=True, text=True, timeout=600)
+    found = re.search(r"<pre id=\"fit-result\">(.*?)</pre>", done.stdout, re.S)
+    assert found, f"Chromium laid out no page of the site (exit {done.returncode}): {done.stderr[-2000:]}"
+    return json.loads(found.group(1).replace("&gt;", ">").replace("&lt;", "<").replace("&amp;", "&"))

@@ -38,6 +38,13 @@ def test_the_demo_finds_verifies_patches_and_applies_a_real_fix(tmp_path):
     assert "0 causes" in (out / "report_after.txt").read_text()
     assert (out / "fixes.patch").read_text().startswith("# installed library file")
     assert "verdict" in (out / "verify.csv").read_text().splitlines()[0]
+    # issue 41: section 5 was a raw 226-character pandas table holding a machine path, and the
+    # demo said nothing for seconds before its first line and while verifying
+    applied = text.split("== 5.")[1].split("Format audit:")[0]
+    assert "Applied 1 of 1 fix:" in applied and "fix 1 [channel_shuffle] edit source at torchvision/" in applied
+    assert "site-packages" not in applied and "round  fix" not in applied
+    assert text.lstrip().startswith("== 1. Audit") and "(building the model" in text.split("Format audit:")[0]
+    assert "timed rounds...)" in text.split("== 3.")[1].split("Verified fixes")[0]
     # an earlier demo's files are kept unless --force
     again = subprocess.run([sys.executable, "-m", "auditor.demo", "--out", str(out)], capture_output=True,
                            text=True, cwd=ROOT, timeout=600)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 import linecache
 import os
+import re
 import subprocess
 import sys
 import sysconfig
@@ -80,7 +81,7 @@ def test_audit_html_is_tables_of_causes_groups_and_modules(audit, at_root):
 
 def test_file_line_is_whole_with_the_recorded_path_as_tooltip(audit, at_root):
     out = audit._repr_html_()
-    assert f'<span title="{HERE}:{LINE}">tests/test_display.py:{LINE}</span>' in out
+    assert f'<span title="{HERE}:{LINE}">tests/test_display.py:{LINE}</span>' in out.replace("<wbr>", "")
 
 
 def test_text_names_the_source_as_the_html_does(audit, at_root):
@@ -89,7 +90,7 @@ def test_text_names_the_source_as_the_html_does(audit, at_root):
     short = f"tests/test_display.py:{LINE}"
     report = audit.report()
     assert f"at {short}" in report and HERE not in report
-    assert f">{short}</span>" in audit._repr_html_()
+    assert f">{short}</span>" in audit._repr_html_().replace("<wbr>", "")
     fixes = str(auditor.suggest_fixes(audit))
     assert f"swap module: {short}  " in fixes and HERE not in fixes
     assert f"{HERE}:{LINE}" in set(audit.hotspots()["source"]) and f"{HERE}:{LINE}" in set(audit.causes()["source"])
@@ -108,10 +109,12 @@ def test_source_is_shown_relative_and_never_cut():
     deep = "/nowhere" + "/very_long_folder_name" * 12 + "/model.py"
     frame = pd.DataFrame({"source": [f"{deep}:1234", f"{lib}:150", ""], "bytes": [1, 2, 3]})
     out = table_html(frame)
-    assert f">{deep}:1234<" in out  # outside every known folder: the whole path
-    assert f">{os.path.join('torchvision', 'models', 'resnet.py')}:150<" in out
+    shown = out.replace("<wbr>", "")  # a long path may wrap at its folders, never inside a name
+    assert f">{deep}:1234<" in shown  # outside every known folder: the whole path
+    assert f">{os.path.join('torchvision', 'models', 'resnet.py')}:150<" in shown
     assert f'title="{lib}:150"' in out
     assert source_html("a&b.py:3") == '<span title="a&amp;b.py:3">a&amp;b.py:3</span>'
+    assert source_html("torchvision/models/resnet.py:150").count("/<wbr>") == 2
 
 
 def test_report_keeps_a_long_source_whole(audit):
@@ -121,7 +124,7 @@ def test_report_keeps_a_long_source_whole(audit):
     a = auditor.Audit(events, audit.tensors, hidden=audit.hidden)
     long = f"{deep}{HERE}:{LINE}"
     assert f"at {long}" in a.report()
-    assert f">{long}<" in a._repr_html_()
+    assert f">{long}<" in a._repr_html_().replace("<wbr>", "")
 
 
 def test_table_html_formats_names_and_limits():
@@ -290,9 +293,30 @@ def test_fixes_table_fix_number_is_right_aligned_and_its_code_left(audit):
     out = auditor.suggest_fixes(audit)._repr_html_()
     td, th = _css(out, "fix")
     assert "text-align: right" in td and "text-align: right" in th
-    for heading in ("now", "do", "why"):  # "now" has a format of its own: still code, on the left
-        td, th = _css(out, heading)
-        assert "text-align: left" in td and "text-align: left" in th
+    td, th = _css(out, "why")
+    assert "text-align: left" in td and "text-align: left" in th
+
+
+def test_a_fixes_code_is_a_block_under_the_table_with_its_indentation():
+    """Issue 41: a 12-line function body sat in a narrow "now" column, its first line stripped of
+    its indentation and the others not, and "do" wrapped inside a name. Each statement is now a
+    code block under the table: dedented as a whole, its lines and inner indentation kept, wrapped
+    only at spaces."""
+    from auditor._display._fixes import fixes_html
+
+    body = "    def shuffle(x, groups):\n        y = x.view(2, 3)\n        return y.contiguous()\n"
+    frame = pd.DataFrame({"fix": [1], "action": ["edit source"], "source": ["/x/pkg/mod.py:3"], "module": ["a.b"],
+                          "module_type": ["M"], "bytes": [1000], "hotspots": [2], "detail": ["why"], "reason": [""],
+                          "line": [body], "suggestion": ["torch.nn.functional.channel_shuffle(x, groups)"],
+                          "forward_bytes": [500], "backward_bytes": [500]})
+    out = fixes_html(frame, 2)
+    table = out[:out.index("</table>")]
+    assert ">now<" not in table and ">do<" not in table and ">why<" in table
+    blocks = re.findall(r"<pre[^>]*>(.*?)</pre>", out, re.S)
+    assert blocks[0] == "def shuffle(x, groups):\n    y = x.view(2, 3)\n    return y.contiguous()"
+    assert blocks[1] == "torch.nn.functional.channel_shuffle(x, groups)"
+    assert all("overflow-wrap: normal" in p and "pre-wrap" in p for p in re.findall(r"<pre style=\"([^\"]*)\"", out))
+    assert '<div style="max-width: 32em' in table  # "why", the one prose column left, has room
 
 
 def test_nothing_reads_as_zero_point_zero():
@@ -406,6 +430,22 @@ def test_the_verification_html_shows_units_and_leads_with_the_measured_saving():
     assert re.search(r">all</td>\s*<td[^>]*>-</td>", together)  # all fixes together are no fix 0
 
 
+def test_the_verification_text_says_all_together_only_for_more_than_one_fix():
+    """Issue 41: with one fix, "all together" repeated it (the same fix made and timed again)."""
+    from auditor._display._fixes import verification_text
+
+    row = {"kind": "fix", "fix": 1, "pattern": "p", "source": "", "applied": True, "hotspots_before": 3,
+           "hotspots_after": 0, "same_outputs": True, "max_rel_diff": 0.0, "step_us_before": 26082.7505,
+           "step_us_after": 24000.25, "saving_us": 2082.5, "saving_low_us": 1000.0, "saving_high_us": 3000.0,
+           "ratio": 0.92, "ratio_low": 0.88, "ratio_high": 0.96, "rounds": 7, "estimated_us": 1931.5,
+           "verdict": "helps", "reason": ""}
+    together = {**row, "kind": "all", "fix": 0, "pattern": "", "source": ""}
+    one = verification_text(pd.DataFrame([row, together]))
+    assert "fix 1" in one and "all together" not in one and one.count("verdict: helps") == 1
+    two = verification_text(pd.DataFrame([row, {**row, "fix": 2}, together]))
+    assert "all together" in two and two.count("verdict: helps") == 3
+
+
 def test_conversions_only_the_compiled_step_makes_are_not_listed_as_eager_causes():
     """Issue 29: rows marked "only compiled" sat under "Eager causes under the compiler"."""
     from auditor._display._compiled import compiled_html, compiled_text
@@ -434,3 +474,122 @@ def test_a_long_dotted_name_may_wrap_at_its_dots_and_nothing_else_is_cut():
     out = _break_paths("use torch.nn.functional.channel_shuffle(x, groups) in 1.25 ms (Fixes.patch() here)")
     assert "torch.<wbr>nn.<wbr>functional.<wbr>channel_shuffle(x," in out
     assert "1.25 ms" in out and "(Fixes.patch()" in out
+
+
+def test_text_wraps_never_between_a_number_and_its_unit():
+    """Issue 41: "[4.0 / ms, 14.9 ms]", "saving 804.3 µs [34.0 / µs, 1.8 ms]": the report's
+    long lines broke between a number and its unit. At every width, each line ends and starts
+    with whole quantities, and the words are the same as unwrapped."""
+    from auditor._display._text import NBSP, join_units, wrap
+
+    text = ("measured: 7.2% faster: after / before 0.928 [0.911, 0.950] over 21 paired rounds, saving 804.3 µs "
+            "[34.0 µs, 1.8 ms]; estimated 1.2 ms of 0 B, 28.4 MB and 3 sets over 2 seconds")
+    for width in range(12, len(text)):
+        lines = wrap(text, width)
+        assert " ".join(lines).split() == text.split()
+        for line in lines:
+            assert not re.match(r"(µs|ms|B|MB)\b", line), (width, lines)  # a unit never starts a line
+            assert NBSP not in line
+    joined = join_units(text)
+    assert f"804.3{NBSP}µs" in joined and f"0{NBSP}B" in joined and "3 sets" in joined and "2 seconds" in joined
+    assert wrap(text, None) == [text]  # HTML: one paragraph, the browser flows it
+
+
+def test_html_header_flows_and_keeps_numbers_with_their_units(audit):
+    """The HTML's head is the report's head unwrapped (the text wraps at 114 characters; a table
+    cell or a notebook does not), each number joined to its unit by a non-breaking space."""
+    out = audit._repr_html_()
+    head = out[:out.index("<table")]
+    assert "\u00a0kB" in head and not re.search(r"\d kB", head)
+
+
+def test_a_styled_table_exports_as_shown_short_paths_and_units_in_the_headings():
+    """Issue 41: ``causes()`` written with pandas carried absolute paths and raw µs under
+    ``time_us``. ``styled(frame).to_csv()`` writes the table as the report shows it: each source
+    relative to its package, numbers kept numbers with their unit in the heading; the frame
+    itself is unchanged."""
+    import io
+
+    lib = os.path.join(sysconfig.get_paths()["purelib"], "torchvision", "models", "resnet.py")
+    frame = pd.DataFrame({"cause": [1], "source": [f"{lib}:150"], "bytes": [802800], "time_us": [404.7],
+                          "saving_low_us": [1.5], "share": [0.25]})
+    shown = auditor.styled(frame)
+    back = pd.read_csv(io.StringIO(shown.to_csv()))
+    assert list(back.columns) == ["cause", "source", "bytes (B)", "time (µs)", "saving_low (µs)", "share (%)"]
+    assert back["source"][0] == f"{os.path.join('torchvision', 'models', 'resnet.py')}:150"
+    assert back["time (µs)"][0] == 404.7 and back["bytes (B)"][0] == 802800 and back["share (%)"][0] == 25.0
+    renamed = auditor.styled(frame, columns={"source": "file:line", "time_us": "time"}).table()
+    assert list(renamed.columns) == ["file:line", "time (µs)"]
+    assert frame["source"][0] == f"{lib}:150"  # the DataFrame keeps the recorded path
+
+
+def test_a_fix_without_a_line_names_its_module_once_not_where_a_line_goes():
+    """Issue 41: "swap module: 1  (1, Softmax)" put the module's name where the source line goes."""
+    from auditor._display._fixes import fixes_text
+
+    row = {"fix": 1, "action": "swap module", "source": "", "module": "1", "module_type": "Softmax", "bytes": 81900,
+           "hotspots": 5, "line": "", "suggestion": "model[1] = auditor.keep_format(model[1])", "detail": "why",
+           "reason": "", "forward_bytes": 32800, "backward_bytes": 49100}
+    text = fixes_text(pd.DataFrame([row]), 5)
+    assert "1. swap module 1 (Softmax)  saves 81.9 kB (5 hotspot groups)" in text
+    at_line = fixes_text(pd.DataFrame([{**row, "source": "/x/a.py:7"}]), 5)
+    assert "1. swap module: /x/a.py:7  (1, Softmax)  saves" in at_line
+
+
+def test_a_single_trunk_report_goes_deeper_and_says_how_many_modules_it_left_off():
+    """Issue 41: a model whose body is one child (``features``) got one module row of 100% at
+    depth 1, and the text left off modules past the fifth without a word (the HTML says "... and
+    N more"). The default depth is the first that splits the hotspots; a depth given is kept."""
+
+    class Trunk(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.features = nn.Sequential(*[nn.Sequential(nn.Conv2d(4, 4, 3, padding=1), nn.Softmax(dim=1))
+                                            for _ in range(7)], nn.Conv2d(4, 4, 3, padding=1))
+
+        def forward(self, x):
+            return self.features(x)
+
+    cl = torch.channels_last
+    a = auditor.audit(Trunk().to(memory_format=cl), torch.randn(1, 4, 8, 8).to(memory_format=cl), record_time=False)
+    text = a.report()
+    modules = text[text.index("Modules with most hotspot"):]
+    assert "(depth 2;" in modules and "features.3" in modules and "100.0%" not in modules
+    more = len(a.summary(2).query("hotspots > 0")) - 5
+    assert more > 0 and f"... and {more} more (Audit.summary(2))" in modules
+    assert f"... and {more} more (Audit.summary(2))" in a.html()
+    assert "(depth 1;" in a.report(depth=1) and "100.0%" in a.report(depth=1)
+
+
+def test_a_plans_html_names_its_columns_as_its_text_does_and_writes_ratios_to_three_places():
+    """Issue 41: the plan's HTML headed ``predicted_us`` over values in ms, ratios to 6 places."""
+    from auditor._display._plans import plan_html
+
+    candidates = pd.DataFrame({"candidate": ["all contiguous", "all channels_last"], "predicted_us": [2000.0, 1500.0],
+                               "measured_us": [2100.0, 1400.0], "spread": [0.01, 0.02], "vs": ["", "all contiguous"],
+                               "ratio": [float("nan"), 0.6666667], "ratio_low": [float("nan"), 0.6512345],
+                               "ratio_high": [float("nan"), 0.6801234], "repeats": [7, 7], "within_noise": [False, False],
+                               "chosen": [False, True]})
+    decisions = pd.DataFrame({"convolutions": ["a"], "format": ["channels_last"], "ratio": [0.81234567]})
+    out = plan_html(headline="Layout plan", candidates=candidates, notes=[], decisions=decisions)
+    assert "predicted_us" not in out and ">predicted<" in out and ">within noise<" in out
+    assert ">0.667<" in out and ">0.651<" in out and ">0.812<" in out and not re.search(r"\d\.\d{4,}", out)
+    assert ">2.0 ms<" in out or ">2 ms<" in out
+
+
+def test_counts_take_their_nouns_number_and_module_names_are_never_cut():
+    """Issue 41: "1 more rows", "in 1 regions", and merged module names cut from the left
+    ("….1,4–11.block.*.avgpool"), which named no module."""
+    from auditor._display._plans import plan_headline
+    from auditor._display._report import SYMPTOM_COLUMNS, more_rows
+    from auditor._display._text import text_table
+
+    assert more_rows(pd.DataFrame({"groups": [3]}), "hotspot groups") == "1 more row (3 hotspot groups)"
+    assert more_rows(pd.DataFrame({"groups": [3, 1]}), "hotspot groups") == "2 more rows (4 hotspot groups)"
+    head = plan_headline(backward=True, device="cpu", clock="process", margin=0.02, formats={"a": "channels_last"},
+                         regions=1, input_conversions=0)
+    assert " in 1 region;" in head
+    long = "features.1,4–11.block.1–2.avgpool.inner"
+    rows = pd.DataFrame({"phase": ["forward"], "module": [long], "op": ["aten.mean.dim"], "kind": ["loses"],
+                         "count": [2], "bytes": [100]})
+    assert long in text_table(rows, SYMPTOM_COLUMNS, header=False)[0]

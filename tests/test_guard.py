@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from planted import make
 
@@ -75,3 +77,37 @@ def test_fixture_is_registered_and_fails_with_the_report(pytester):
     result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*module 'mid' (Softmax) op aten._softmax.default loses*"])
+
+
+GUARDED_FAILURE = '''
+import sys
+sys.path.insert(0, {tests_dir!r})
+from planted import make
+from auditor.testing import assert_no_hotspots
+
+def test_assert(format_audit):
+    model, x = make("softmax")
+    assert_no_hotspots(model, x, record_time=False)
+
+def test_block(format_audit):
+    model, x = make("softmax")
+    with format_audit(phases=("forward",)):
+        model(x)
+'''
+
+
+def test_a_guard_failure_shows_the_users_test_and_bytes_in_units(pytester, monkeypatch):
+    """Issue 41: the failure showed the library's own frames (auditor/testing.py) and "16384
+    bytes". It shows the user's test, and sizes as the report writes them."""
+    import os
+    from pathlib import Path
+
+    tests_dir = os.path.dirname(__file__)
+    root = str(Path(tests_dir).parent)  # the subprocess imports this checkout, plugin included
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])]))
+    pytester.makepyfile(test_inner=GUARDED_FAILURE.format(tests_dir=tests_dir))
+    result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider")
+    result.assert_outcomes(failed=2)
+    out = result.stdout.str()
+    assert "test_inner.py" in out and re.search(r"1x, [\d.]+ kB", out) and not re.search(r"\d bytes", out)
+    assert "auditor/testing.py" not in out and "format_auditor_pytest.py" not in out

@@ -248,6 +248,17 @@ OUTLIER = 4.0
 RESTS_ON = 0.5
 
 
+def _time(us: float) -> str:
+    """µs in the unit the report writes it in (``975 µs``, ``1.0 ms``, ``2.5 s``)."""
+    return f"{us:.0f} µs" if us < 1e3 else f"{us / 1e3:.1f} ms" if us < 1e6 else f"{us / 1e6:.1f} s"
+
+
+def _size(nbytes: float) -> str:
+    """Bytes in the unit the report writes them in (``141.3 kB``, ``1.0 MB``)."""
+    return (f"{nbytes:.0f} B" if nbytes < 1e3 else f"{nbytes / 1e3:.1f} kB" if nbytes < 1e6
+            else f"{nbytes / 1e6:.1f} MB" if nbytes < 1e9 else f"{nbytes / 1e9:.1f} GB")
+
+
 def estimate_note(ops: pd.DataFrame, result_bytes: np.ndarray, parts: dict[int, float], saving: float,
                   hotspots: int) -> tuple[bool, str]:
     """(whether a cause's ``saving`` can be trusted, why not, or why it is 0 with ``hotspots``).
@@ -261,8 +272,9 @@ def estimate_note(ops: pd.DataFrame, result_bytes: np.ndarray, parts: dict[int, 
         return False, "not timed"
     step, written = float(np.nansum(ops["time_us"].to_numpy())), float(result_bytes.sum())
     if step < TINY_STEP_US or written < TINY_STEP_BYTES:
-        return False, (f"a tiny step (its kernels take {step:.0f} µs and write {written / 1e6:.2f} MB in all): "
-                       "at this size per-call costs, not the bytes a fix stops moving, set the times")
+        return False, (f"a tiny step: its kernels take {_time(step)} and write {_size(written)} in all (a step under "
+                       f"{_time(TINY_STEP_US)} or {_size(TINY_STEP_BYTES)} is tiny): at this size per-call costs, not "
+                       "the bytes a fix stops moving, set the times")
     outlier = _outlier(ops, result_bytes, parts)
     if outlier:
         return False, outlier

@@ -15,12 +15,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import pandas as pd
 
-from ._report import combine_blocks, module_rows, total_lines
-from ._text import measured_short, short_source
+from ._report import MODULES_SHOWN, combine_blocks, module_rows, total_lines
+from ._text import join_units, measured_short, short_source
 from ._units import format_bytes, format_us
-
-#: Modules shown under the causes and hotspot groups (as many as the text report shows).
-MODULES_SHOWN = 5
 
 #: Columns shown as ``file:line``, whole, with the recorded path as tooltip.
 SOURCE_COLUMNS = ("source",)
@@ -62,9 +59,11 @@ def table_html(frame: pd.DataFrame, *, columns: Mapping[str, str] | Sequence[str
     styler = view.style.format(escape="html", na_rep="-").format_index(_heading, axis=1).hide(axis="index")
     # each later format() names its subset: one without resets the other columns' escaping
     formatted = {names[c]: _escaped(f) for c, f in fmt.items() if c in names and c not in sources}
-    for c in names:  # prose and code: escaped, in a box of a width (a table cell ignores max-width)
-        if c in TEXT_COLUMNS and c not in sources and not pd.api.types.is_numeric_dtype(shown[c]):
-            formatted[names[c]] = _boxed(formatted.get(names[c], html.escape), c in CODE_COLUMNS)
+    texts = [c for c in names if c in TEXT_COLUMNS and c not in sources and not pd.api.types.is_numeric_dtype(shown[c])]
+    # three such columns fit a 1400 px page at 16em each; one alone (a fix's "why") takes twice that
+    width = PROSE_WIDTH if len(texts) > 1 else LONE_PROSE_WIDTH
+    for c in texts:  # prose and code: escaped, in a box of a width (a table cell ignores max-width)
+        formatted[names[c]] = _boxed(formatted.get(names[c], html.escape), c in CODE_COLUMNS, width)
     if formatted:
         styler = styler.format(formatted, subset=list(formatted), na_rep="-")
     if sources:
@@ -84,8 +83,8 @@ def column_css(values: pd.Series, name: str, *, sources: bool = False, formatted
     too) right and narrow, source lines left and whole, prose and code left and wrapped within
     a width."""
     numeric = pd.api.types.is_numeric_dtype(values)
-    if sources:
-        props = f"{_TEXT_CSS}; white-space: nowrap"
+    if sources:  # whole names; a long path wraps at its folders (source_html)
+        props = f"{_TEXT_CSS}; white-space: normal; overflow-wrap: normal; word-break: keep-all"
     elif name in CODE_COLUMNS and not numeric:
         props = _CODE_CSS
     elif name in TEXT_COLUMNS and not numeric:
@@ -98,13 +97,16 @@ def column_css(values: pd.Series, name: str, *, sources: bool = False, formatted
     return [{"selector": "td", "props": props}, {"selector": "th", "props": f"{align}; vertical-align: bottom"}]
 
 
-def _boxed(escaped: Callable[[object], str], code: bool) -> Callable[[object], str]:
-    """A cell formatter that puts the escaped text in a block that wraps within its width."""
-    width = "16em"  # three such columns beside a fix table's others fit a 1400 px page
+#: the width prose and code wrap within in a table of several such columns, and in one of one
+PROSE_WIDTH, LONE_PROSE_WIDTH = "16em", "32em"
+
+
+def _boxed(escaped: Callable[[object], str], code: bool, width: str = PROSE_WIDTH) -> Callable[[object], str]:
+    """A cell formatter that puts the escaped text in a block that wraps within ``width``."""
     font = "; font-family: monospace" if code else ""
     space = "pre-wrap" if code else "normal"
     return lambda v: (f'<div style="max-width: {width}; min-width: 10em; white-space: {space}; '
-                      f'overflow-wrap: break-word{font}">{_break_paths(escaped("" if v is None else str(v)))}</div>')
+                      f'overflow-wrap: break-word{font}">{_break_paths(escaped(join_units("" if v is None else str(v))))}</div>')
 
 
 #: a dot between two parts of a dotted name (``torch.nn.functional``), not in a number
@@ -158,10 +160,11 @@ def short_op(op) -> str:
 
 def source_html(source) -> str:
     """One ``path:line`` as escaped HTML: the short path and line (:func:`short_source`), with
-    the recorded one in its ``title`` tooltip. Anything else (a notebook cell's name) as is."""
+    the recorded one in its ``title`` tooltip, that may wrap after a ``/`` (never inside a
+    folder's or a file's name). Anything else (a notebook cell's name) as is."""
     source = "" if source is None else str(source)
-    short = short_source(source)
-    return f'<span title="{html.escape(source, quote=True)}">{html.escape(short)}</span>' if source else ""
+    short = html.escape(short_source(source)).replace("/", "/<wbr>")  # a narrow column wraps it at its folders
+    return f'<span title="{html.escape(source, quote=True)}">{short}</span>' if source else ""
 
 
 def audit_html(ops: pd.DataFrame, hot: pd.DataFrame, summary: pd.DataFrame, causes: pd.DataFrame | None = None,
@@ -170,7 +173,8 @@ def audit_html(ops: pd.DataFrame, hot: pd.DataFrame, summary: pd.DataFrame, caus
     """The report (:func:`~auditor._display._report.audit_report`) as HTML: the totals (times
     at ``threads``), the ``top`` causes (each leading with its measured saving, the estimate
     beside it, once ``verified``), the hotspot groups and the modules at ``depth`` as tables."""
-    parts = [header_html(total_lines(ops, hot, causes, complete, error, threads=threads, verified=verified))]
+    parts = [header_html(total_lines(ops, hot, causes, complete, error, threads=threads, verified=verified,
+                                     width=None))]
     if not len(hot):
         parts.append(_paragraph("No losses or conversions between convolutions: channels_last propagates."))
         return _block(parts)
@@ -179,7 +183,8 @@ def audit_html(ops: pd.DataFrame, hot: pd.DataFrame, summary: pd.DataFrame, caus
         cols = {"cause": "cause", "pattern": "pattern", "phase": "phase", "op": "op", "module": "module",
                 "module_type": "type", "source": "file:line", "hotspots": "hotspots", "bytes": "bytes"}
         if verified is not None:  # the measured saving leads; the estimate stands beside it, labelled
-            measured = {int(r["cause"]): measured_short(r) for r in verified.to_dict("records") if r["kind"] == "fix"}
+            measured = {int(r["cause"]): join_units(measured_short(r)) for r in verified.to_dict("records")
+                        if r["kind"] == "fix"}
             causes = causes.assign(measured=[measured.get(int(c), "") for c in causes["cause"]])
             cols["measured"] = "saving, measured (verified)"
         if timed:
@@ -213,16 +218,17 @@ def audit_html(ops: pd.DataFrame, hot: pd.DataFrame, summary: pd.DataFrame, caus
 
 
 def header_html(lines: Sequence[str]) -> str:
-    """Report lines as a short header: the first in bold, the rest under it."""
+    """Report lines as a short header: the first in bold, the rest under it, each a number
+    joined to its unit by a space no line breaks at."""
     if not lines:
         return ""
     first, *rest = lines
-    body = "".join(f"<br>{html.escape(r.strip())}" for r in rest)
-    return f"<p><b>{html.escape(first)}</b>{body}</p>"
+    body = "".join(f"<br>{html.escape(join_units(r.strip()))}" for r in rest)
+    return f"<p><b>{html.escape(join_units(first))}</b>{body}</p>"
 
 
 def _paragraph(text: str) -> str:
-    return f"<p>{html.escape(text)}</p>"
+    return f"<p>{html.escape(join_units(text))}</p>"
 
 
 def _block(parts: Iterable[str]) -> str:

@@ -60,7 +60,7 @@ def plan_headline(*, backward: bool, device: str, clock: str, margin: float, for
     return (f"Layout plan ({mode}, measured on {device}, {clock} time, margin {margin:.0%}): "
             f"{len(formats)} convolutions"
             + "".join(f", {n} {f}" if i else f": {n} {f}" for i, (f, n) in enumerate(counts.items()))
-            + (f" in {regions} regions" if regions is not None else "")
+            + (f" in {regions} region{'' if regions == 1 else 's'}" if regions is not None else "")
             + f"; {input_conversions} input conversions")
 
 
@@ -121,13 +121,25 @@ def plan_text(*, headline: str, candidates: pd.DataFrame, notes: list[str], deci
 
 def plan_html(*, headline: str, candidates: pd.DataFrame, notes: list[str], decisions: pd.DataFrame) -> str:
     """The plan in a notebook: its headline and notes, the candidates, and the decisions."""
-    cols = [c for c in ("candidate", "predicted_us", "measured_us", "spread", "vs", "ratio", "ratio_low",
-                        "ratio_high", "repeats", "within_noise", "chosen") if c in candidates]
+    # headings as the text's, not the frame's names ("predicted_us" over values in ms), ratios to 3 places
+    names = {"candidate": "candidate", "predicted_us": "predicted", "measured_us": "measured", "spread": "spread",
+             "vs": "ratio to", "ratio": "ratio", "ratio_low": "low", "ratio_high": "high", "repeats": "repeats",
+             "within_noise": "within noise", "chosen": "chosen"}
+    ratios = {c: _ratio for c in (*RATIO_COLUMNS, *(c for c in decisions.columns if "ratio" in str(c)))}
     return (header_html([headline, *notes])
-            + table_html(candidates, columns=cols, formats={"spread": "±{:.0%}".format},
+            + table_html(candidates, columns={c: n for c, n in names.items() if c in candidates},
+                         formats={"spread": "±{:.0%}".format, **ratios},
                          caption="Candidates: the whole model, timed end to end")
-            + table_html(decisions, caption="Decisions per group of same-signature convolutions",
+            + table_html(decisions, caption="Decisions per group of same-signature convolutions", formats=ratios,
                          max_rows=30, more="LayoutPlan.decisions()"))
+
+
+#: a plan's ratio columns, written to 3 places in its HTML as in its text
+RATIO_COLUMNS = ("ratio", "ratio_low", "ratio_high")
+
+
+def _ratio(x) -> str:
+    return "" if x is None or x != x else f"{float(x):.3f}"
 
 
 #: Hotspot bytes per phase, before and after a plan.

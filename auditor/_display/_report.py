@@ -4,14 +4,14 @@ folded under them."""
 from __future__ import annotations
 
 import re
-import textwrap
 from collections.abc import Sequence
 
 import pandas as pd
 
 from .._analysis._costs import times_note
+from .._analysis._summaries import module_at_depth
 from .._recording import _rules as rules
-from ._text import Column, estimate_text, saving_text, short_source, shorten, text_table
+from ._text import Column, estimate_text, saving_text, short_source, shorten, text_table, wrap
 from ._units import format_bytes, format_us
 
 #: Kinds whose name alone does not say what they are, explained where the report counts them.
@@ -20,10 +20,13 @@ KIND_NOTES = {rules.NOT_APPLICABLE: " (no image read or written, or a factory)",
 
 #: Symptoms listed under one cause before "... and N more".
 SYMPTOMS_SHOWN = 4
+#: Modules listed before "... and N more" (the HTML shows as many).
+MODULES_SHOWN = 5
 
 #: A hotspot table's columns after its lead ones: where and what (:func:`hotspot_lines`) ...
 HOTSPOT_COLUMNS = [
-    Column("phase", width=8), Column("module", width=6, most=32, clip=shorten), Column("op", width=2, most=40),
+    # a module's name is never cut ("….1,4–11.block.*.avgpool" named no module): a long one widens its row
+    Column("phase", width=8), Column("module", width=6), Column("op", width=2, most=40),
     Column("kind", width=8),
 ]
 #: ... and by default what it did and how much.
@@ -33,7 +36,7 @@ HOTSPOT_TAIL = [
 ]
 #: A symptom under its cause: one hotspot group.
 SYMPTOM_COLUMNS = [
-    Column("phase", width=8), Column("module", width=24, most=24, clip=shorten),
+    Column("phase", width=8), Column("module", width=24),
     Column("op", width=40, most=40, clip=shorten), Column("kind", width=8), Column("count", width=4, align=">", text="{}x".format),
     Column("bytes", width=9, align=">", text=format_bytes),
 ]
@@ -69,7 +72,9 @@ def audit_report(ops: pd.DataFrame, hot: pd.DataFrame, summary: pd.DataFrame, ca
         lines.append("")
         lines.append(f"Modules with most hotspot {what} (depth {depth}; share of the hotspots' {what}):")
         time = [Column("time_us", width=9, align=">", text=format_us)] if timed else []
-        lines.extend(text_table(summ.head(5), [*MODULE_COLUMNS, *time], header=False))
+        lines.extend(text_table(summ.head(MODULES_SHOWN), [*MODULE_COLUMNS, *time], header=False))
+        if len(summ) > MODULES_SHOWN:  # as the HTML says it
+            lines.append(f"  ... and {len(summ) - MODULES_SHOWN} more (Audit.summary({depth}))")
     else:
         lines.append("  No losses or conversions between convolutions: channels_last propagates.")
     return "\n".join(lines)
@@ -87,9 +92,12 @@ def module_rows(summary: pd.DataFrame) -> tuple[pd.DataFrame, bool]:
 
 
 def total_lines(ops: pd.DataFrame, hot: pd.DataFrame, causes, complete: bool, error: str, *,
-                threads: int | None = None, verified: pd.DataFrame | None = None) -> list[str]:
+                threads: int | None = None, verified: pd.DataFrame | None = None,
+                width: int | None = 114) -> list[str]:
     """The report's head: ops per phase and kind, hotspot totals, times (at ``threads``; with
-    ``verified``, the measured saving of all fixes first); the HTML shows it too."""
+    ``verified``, the measured saving of all fixes first); the HTML shows it too, unwrapped
+    (``width=None``): long lines wrap at ``width`` in the text, never between a number and its
+    unit."""
     phases = ops["phase"].value_counts()
     lines = [
         f"Format audit: {len(ops)} aten ops "
@@ -107,7 +115,7 @@ def total_lines(ops: pd.DataFrame, hot: pd.DataFrame, causes, complete: bool, er
         f"(forward {format_bytes(by_phase.get('forward', 0))}, backward {format_bytes(by_phase.get('backward', 0))})"
     )
     if "time_us" in ops and ops["time_us"].notna().any():
-        lines.extend(_time_lines(ops, causes, threads, verified))
+        lines.extend(_time_lines(ops, causes, threads, verified, width))
     independent = ops[ops["layout_independent"]] if "layout_independent" in ops else ops.iloc[:0]
     if len(independent):
         lines.append(
@@ -143,7 +151,7 @@ def _uncertain_lines(independent: pd.DataFrame) -> list[str]:
 
 
 def _time_lines(ops: pd.DataFrame, causes, threads: int | None = None,
-                verified: pd.DataFrame | None = None) -> list[str]:
+                verified: pd.DataFrame | None = None, width: int | None = 114) -> list[str]:
     """Where the step's time went: the ops, the hotspots among them, and the time between ops;
     the thread count they were taken at; what fixing every cause saves, measured first once
     ``verified``. Where the ops' times add up to more than the step, the reason, no numbers."""
@@ -154,7 +162,7 @@ def _time_lines(ops: pd.DataFrame, causes, threads: int | None = None,
     if wrong:
         return [f"  {part}" if i == 0 else f"    {part}"
                 for paragraph in [f"time ({at}): not shown: {wrong}", *([measured] if measured else [])]
-                for i, part in enumerate(textwrap.wrap(paragraph, 114))]
+                for i, part in enumerate(wrap(paragraph, width))]
     total = ops["time_us"].sum()
     hot = ops.loc[ops["hotspot"], "time_us"].sum()
     saving = (_total_saving(causes) if causes is not None and len(causes) and causes["saving_us"].notna().any()
@@ -167,7 +175,7 @@ def _time_lines(ops: pd.DataFrame, causes, threads: int | None = None,
         estimate = saving.removeprefix("; estimated for every cause: ").removeprefix("; ")
         head += f"\n{measured}" + (f" (estimated: {estimate})" if estimate else "")
     lines = [f"  {part}" if i == 0 else f"    {part}"
-             for paragraph in head.split("\n") for i, part in enumerate(textwrap.wrap(paragraph, 114))]
+             for paragraph in head.split("\n") for i, part in enumerate(wrap(paragraph, width))]
     if "gap_us" in ops and ops["gap_us"].notna().any():
         lines.append(f"  time outside ops (the step's Python, module calls, the autograd engine): "
                      f"{format_us(ops['gap_us'].sum())}")
@@ -205,17 +213,17 @@ def _cause_lines(causes: pd.DataFrame, hot: pd.DataFrame, top: int, verified: pd
     lines = [f"Causes, {order} first ({len(causes)}; Audit.causes(), symptoms in Audit.hotspots()):"]
     for c in causes.head(top).itertuples():
         where = f"{c.module} ({c.module_type})" if c.module_type else c.module
-        lines.append(f"  {c.cause:>2}. [{c.pattern}] {c.phase} {c.op} {c.kind} in {shorten(where, 50)}")
+        lines.append(f"  {c.cause:>2}. [{c.pattern}] {c.phase} {c.op} {c.kind} in {where}")
         if c.cause in measured:
-            for i, part in enumerate(textwrap.wrap(f"measured: {saving_text(measured[c.cause])}", 110)):
+            for i, part in enumerate(wrap(f"measured: {saving_text(measured[c.cause])}", 110)):
                 lines.append(f"      {part}" if i == 0 else f"        {part}")
         label = "estimate: " if c.cause in measured else ""
         cost = f", {format_us(c.time_us)}; {label}{estimate_text(c._asdict())}" if timed else ""
-        first, *rest = textwrap.wrap(f"{c.hotspots} hotspot ops, {format_bytes(c.bytes)}{cost}", 116)
+        first, *rest = wrap(f"{c.hotspots} hotspot ops, {format_bytes(c.bytes)}{cost}", 116)
         lines.extend([f"      {first}", *(f"        {r}" for r in rest)])
         if c.source:
             lines.append(f"      at {short_source(c.source)}")
-        for i, part in enumerate(textwrap.wrap(c.fix, 110)):
+        for i, part in enumerate(wrap(c.fix, 110)):
             lines.append(f"      {'fix:' if i == 0 else '    '} {part}")
         mine = combine_blocks(hot[hot["cause"] == c.cause])
         shown = mine.head(SYMPTOMS_SHOWN)
@@ -323,4 +331,25 @@ def more_rows(rest: pd.DataFrame, what: str) -> str:
     """How many rows were left off, and how many hotspot groups they combine where that is more
     (``3 more rows (12 groups in Audit.hotspots())``)."""
     groups = int(rest["groups"].sum()) if "groups" in rest else len(rest)
-    return f"{len(rest)} more {what}" if groups == len(rest) else f"{len(rest)} more rows ({groups} {what})"
+    rows = f"{len(rest)} more row{'' if len(rest) == 1 else 's'}"
+    return f"{len(rest)} more {what}" if groups == len(rest) else f"{rows} ({groups} {what})"
+
+
+#: the deepest level :func:`trunk_depth` looks at (``auditor.plot``'s default depth looks as deep)
+TRUNK_DEPTH_MOST = 6
+
+
+def trunk_depth(ops: pd.DataFrame, most: int = TRUNK_DEPTH_MOST) -> int:
+    """The depth the report's module table shows by default: the shallowest at which the
+    hotspots fall in two or more modules, so that a model whose children are one trunk
+    (``features``, ``blocks``, ``trunk_output``) is not one row of 100% (the figures' default
+    depth is chosen alike); 1 without hotspots, else the depth that splits them most."""
+    hot = ops.loc[ops["hotspot"], "module"]
+    best, widest = 1, 0
+    for depth in range(1, most + 1):
+        n = module_at_depth(hot, depth).nunique()
+        if n >= 2:
+            return depth
+        if n > widest:
+            best, widest = depth, n
+    return best

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import site
 import sysconfig
+import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -22,6 +24,26 @@ from ._units import format_us
 
 #: Folders that mark a project's root.
 PROJECT_MARKERS = (".git", "pyproject.toml", "setup.py", "setup.cfg")
+
+
+#: the space between a number and its unit (``4.0 ms``, ``802.8 kB``, ``0 B``)
+_NUMBER_UNIT = re.compile(r"(?<=\d) (?=[kMGTµmn]?[Bs](?![A-Za-z]))")
+#: a space no line breaks at (textwrap breaks at ASCII whitespace only; a browser not at all)
+NBSP = "\u00a0"
+
+
+def join_units(text: str) -> str:
+    """``text`` with a non-breaking space between each number and its unit: HTML that flows, and
+    text that wraps, never part ``4.0`` from ``ms``."""
+    return _NUMBER_UNIT.sub(NBSP, text)
+
+
+def wrap(text: str, width: int | None) -> list[str]:
+    """``text`` wrapped to ``width`` at spaces (``textwrap.wrap``), never between a number and
+    its unit; ``width=None``: one line, for HTML, which flows in its own width."""
+    if width is None:
+        return [text]
+    return [part.replace(NBSP, " ") for part in textwrap.wrap(join_units(text), width)] or [""]
 
 
 def shorten(name: str, width: int) -> str:
