@@ -374,6 +374,27 @@ class TokenGroupNorm(nn.Module):
         return self.c(a + t.transpose(1, 2).reshape(b, c, h, w))
 
 
+class MixedJoin(nn.Module):
+    """A map concatenated with a 2-channel tensor made off the path, contiguous (RAFT's flow):
+    the cat of channels_last and contiguous inputs writes contiguous. Converting the small one
+    removes the cause; the cat keeps the format of maps that all are in it."""
+
+    def __init__(self, fixed: bool = False):
+        super().__init__()
+        self.fixed = fixed
+        self.a = nn.Conv2d(3, 8, 3, padding=1)
+        self.scale = nn.Parameter(torch.rand(2, 1, 1) + 0.5)
+        self.c = nn.Conv2d(10, 8, 3, padding=1)
+
+    def forward(self, x):
+        a = self.a(x)
+        n, _, h, w = a.shape
+        flow = torch.linspace(-1, 1, w, dtype=a.dtype, device=a.device).expand(n, 2, h, w) * self.scale
+        if self.fixed:
+            flow = flow.contiguous(memory_format=CL if a.is_contiguous(memory_format=CL) else torch.contiguous_format)
+        return self.c(torch.cat([a, flow], dim=1))  # planted: a join of mixed formats
+
+
 #: model -> (class, input shape, the causes its audit must report: (phase, op, kind, pattern))
 CAUSE_MODELS = {
     "stack_reduce": (StackReduce, (2, 3, 8, 8), {("forward", "aten.sum.dim_IntList", "loses", "stack_reduce")}),
@@ -392,6 +413,7 @@ CAUSE_MODELS = {
                             {("forward", "aten.sum.dim_IntList", "loses", "stack_reduce")}),
     "token_group_norm": (TokenGroupNorm, (2, 3, 8, 8),
                          {("forward", "aten.native_group_norm.default", "joins", "joins")}),
+    "mixed_join": (MixedJoin, (2, 3, 8, 8), {("forward", "aten.cat.default", "converts", "mixed_join")}),
 }
 
 

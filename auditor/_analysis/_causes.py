@@ -32,6 +32,8 @@ CAUSE_COLUMNS = [
 ]
 
 _CL = ("channels_last", "channels_last_3d")
+#: the arguments that hold the tensors a cat or stack joins
+_JOINED = ("tensors",)
 _SLICES = ("aten.slice", "aten.narrow", "aten.split", "aten.chunk", "aten.split_with_sizes", "aten.unbind")
 
 
@@ -78,7 +80,24 @@ class CauseTracer:
         if self.is_conv[e]:
             return list(rows)
         shapes = {self.shape[r] for r in rows if self.image[r]}
-        return [r for r in rows if self.image[r] or (self.ndim[r] >= 4 and self.shape[r] in shapes)]
+        joined = {self.ndim[r] for r in rows if self.image[r] and self.arg[r] in _JOINED}
+        return [r for r in rows if self.image[r] or (self.ndim[r] >= 4 and self.shape[r] in shapes)
+                or (self.arg[r] in _JOINED and self.ndim[r] in joined)]
+
+    def mixed_join(self, e: int) -> list[int]:
+        """The odd inputs of a join of mixed formats: where ``e`` joins (``cat``, ``stack``)
+        tensors of the images' rank whose recorded formats disagree, some channels_last and
+        some in a definite other format, and writes the other format, the rows of those others;
+        [] where it is no such join. Empty tensors are left out: they hold nothing to move."""
+        if self.is_conv[e] or self.copy[e]:
+            return []
+        rows = [r for r in self.graph.act_rows.get(e, []) if self.arg[r] in _JOINED and self.ndim[r] in (4, 5)
+                and self.size[r] > 0]
+        formats = [base_format(self.label[r]) for r in rows]
+        out = self._output(e)
+        if not any(f in _CL for f in formats) or out < 0 or base_format(self.label[out]) in _CL:
+            return []
+        return [r for r, f in zip(rows, formats) if f in ("contiguous", "other")]
 
     def _output(self, e: int) -> int:
         outs = [r for r in self._rows(e) if self.is_out[r]]
@@ -113,6 +132,10 @@ class CauseTracer:
         # an operand arrived off its format (a peer of an image's shape, for an op that loses):
         # blame whoever wrote it so
         found = self._upstream(blamed, seen)
+        if self.mixed_join(h) and (found is None or found[1] == JOINS):
+            # a join of maps in the format with a tensor that never was in it (made off the
+            # path, or from no image): the join is what the user changes, converting that one
+            return h, CONVERTS
         if found is not None:
             return found
         return h, (CONVERTS if copies and kind != rules.LOSES else LOSES)
@@ -140,8 +163,8 @@ class CauseTracer:
             kind = self.kind[p]
             if kind in (rules.LOSES, rules.CONVERTS, rules.RESTORES) or self.is_conv[p]:
                 return self._cause(p, seen)
-            ins = self._image_inputs(p)
-            if not ins:  # the data entered the image path here; a view is never a cause
+            ins = [] if rules.is_factory(self.op[p]) else self._image_inputs(p)
+            if not ins:  # the data entered the image path here (a factory reads none); a view is never a cause
                 while self._aliases(p):
                     first = next((r for r in self._rows(p) if not self.is_out[r]), -1)
                     q = int(self.graph.producer[first]) if first >= 0 else -1
@@ -248,6 +271,8 @@ class CauseTracer:
         if origin >= 0 and self._spatial_reduction(origin):
             return patterns.MEAN_BACKWARD.name
         if kind == CONVERTS:
+            if self.mixed_join(c):
+                return patterns.MIXED_JOIN.name
             if src >= 0 and self.ndim[src] == self.rank[src] + 1:
                 return patterns.CHANNEL_SHUFFLE.name
             if self._reshaped(c):
