@@ -180,6 +180,7 @@ def test_diff_by_cause_names_the_vanished_cause():
 FIX_ACTIONS = {
     "stack_reduce": _suggest.EDIT, "nc11_broadcast": _suggest.EDIT, "mean_backward": _suggest.EDIT, "inplace_view": _suggest.EDIT,
     "channel_slice": _suggest.EDIT, "weight_rebuilt": _suggest.EDIT, "conv_no_kernel": _suggest.REGION, "joins": _suggest.EDIT,
+    "mixed_join": _suggest.EDIT,
 }
 #: models whose cause's fix takes another action than its pattern's usual one, and why
 MODEL_ACTIONS = {

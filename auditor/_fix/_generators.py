@@ -191,6 +191,9 @@ def propose(view: FlowView, tracer: CauseTracer, row, threads: int | None = None
     for generate in fix_generators(row.pattern):
         found = generate(cause)
         if found is not None:
+            note = getattr(tracer, "size_notes", {}).get(cause.e, "")
+            if note and found.reason and note not in found.reason:
+                found.reason = f"{found.reason} ({note})"  # a cause the audited size may have made
             return found
     return None
 
