@@ -163,10 +163,15 @@ class CauseTracer:
         return joined
 
     def _trace(self, r: int, seen: set) -> tuple[int, str] | None:
-        """Follow the data of input row ``r`` back to the op that wrote it off its format."""
-        p = int(self.graph.producer[r])
+        """Follow the data of input row ``r`` back to the op that wrote it off its format. A
+        tensor with no elements (of a level no region fell in) carries nothing: the data entered
+        the path at the op that read it (a backward that writes a map of zeros from an empty
+        gradient)."""
+        reader, p = int(self.seq[r]), int(self.graph.producer[r])
         while p >= 0 and p not in seen:
             seen.add(p)
+            if 0 in parse_tuple(self.shape[r]):
+                return reader, JOINS
             kind = self.kind[p]
             if kind in (rules.LOSES, rules.CONVERTS, rules.RESTORES) or self.is_conv[p]:
                 return self._cause(p, seen)
@@ -180,7 +185,7 @@ class CauseTracer:
                     p = q
                 return p, JOINS
             nxt = next((x for x in ins if self._off(self.effective[x] or self.label[x])), ins[0])
-            p = int(self.graph.producer[nxt])
+            reader, r, p = p, nxt, int(self.graph.producer[nxt])
         return None
 
     def _aliases(self, p: int) -> bool:
