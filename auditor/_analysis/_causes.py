@@ -413,8 +413,8 @@ class CauseTracer:
         is no global reduction made from a larger one (a strided convolution or pooling of a
         map only 2 or 3 wide at a small input): a 1×1 map is in both formats at once, so
         PyTorch writes what follows it contiguous, where a larger map keeps the format."""
-        empty = [r for r in self._rows(e) if not self.is_out[r] and self.ndim[r] >= 2
-                 and 0 in parse_tuple(self.shape[r])]
+        empty = [] if rules.is_factory(self.op[e]) else [  # a factory reads no data
+            r for r in self._rows(e) if not self.is_out[r] and self.ndim[r] >= 2 and 0 in parse_tuple(self.shape[r])]
         if empty:
             shapes = ", ".join(dict.fromkeys("x".join(map(str, parse_tuple(self.shape[r]))) for r in empty))
             return (f"at the audited size it reads tensors with no elements ({shapes}: a level no element fell in); "
