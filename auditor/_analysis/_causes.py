@@ -407,18 +407,27 @@ class CauseTracer:
 
     # -- what the audited size made -----------------------------------------------------------
     def size_note(self, e: int) -> str:
-        """Why cause ``e`` may exist only at the audited input size, "" where nothing says so: it
-        read a tensor with no elements (a level no element fell in: an FPN level without a
-        region), or it reads or writes a map whose spatial dimensions are all 1 that an op which
-        is no global reduction made from a larger one (a strided convolution or pooling of a
-        map only 2 or 3 wide at a small input): a 1×1 map is in both formats at once, so
-        PyTorch writes what follows it contiguous, where a larger map keeps the format."""
+        """:meth:`empty_note`, else :meth:`pixel_note` of event ``e``."""
+        return self.empty_note(e) or self.pixel_note(e)
+
+    def empty_note(self, e: int) -> str:
+        """Why cause ``e`` may exist only at the audited size because it read a tensor with no
+        elements (a level no element fell in: an FPN level without a region); "" where it read
+        none (:meth:`pixel_note` for the rest)."""
         empty = [] if rules.is_factory(self.op[e]) else [  # a factory reads no data
             r for r in self._rows(e) if not self.is_out[r] and self.ndim[r] >= 2 and 0 in parse_tuple(self.shape[r])]
-        if empty:
-            shapes = ", ".join(dict.fromkeys("x".join(map(str, parse_tuple(self.shape[r]))) for r in empty))
-            return (f"at the audited size it reads tensors with no elements ({shapes}: a level no element fell in); "
-                    "where every level gets elements it may not happen: audit at the model's own input size too")
+        if not empty:
+            return ""
+        shapes = ", ".join(dict.fromkeys("x".join(map(str, parse_tuple(self.shape[r]))) for r in empty))
+        return (f"at the audited size it reads tensors with no elements ({shapes}: a level no element fell in); "
+                "where every level gets elements it may not happen: audit at the model's own input size too")
+
+    def pixel_note(self, e: int) -> str:
+        """Why cause ``e`` may exist only at the audited input size, "" where nothing says so: it
+        reads or writes a map whose spatial dimensions are all 1 that an op which is no global
+        reduction made from a larger one (a strided convolution or pooling of a map only 2 or 3
+        wide at a small input): a 1×1 map is in both formats at once, so PyTorch writes what
+        follows it contiguous, where a larger map keeps the format."""
         made = self._shrunk_by(e)
         if made is None and self.phase[e] == "backward" and self.forward_seq[e] >= 0:
             made = self._shrunk_by(int(self.forward_seq[e]))  # the forward op it is the backward of
@@ -578,7 +587,7 @@ def _cause_rows(view, tracer: CauseTracer, keys, kinds, order, group_of_event, s
             "hotspots": len(symptoms), "bytes": int(nbytes[symptoms].sum()) + rebuilt_bytes,
             "time_us": _total(time, sorted({*symptoms.tolist(), *own, *rebuilt})),
             "saving_us": total, "saving_trusted": trusted, "saving_note": note,
-            "fix": _fix_text(view, tracer, first, pattern, [*members, *symptoms.tolist()]), "first_seq": first,
+            "fix": _fix_text(view, tracer, first, pattern, members, symptoms.tolist()), "first_seq": first,
         })
     if not rows:
         numeric = {"cause": "int64", "calls": "int64", "hotspots": "int64", "bytes": "int64",
@@ -606,7 +615,8 @@ def _reduces(op: str) -> bool:
         return False
 
 
-def _fix_text(view: FlowView, tracer: CauseTracer, c: int, pattern: str, members: list[int] = ()) -> str:
+def _fix_text(view: FlowView, tracer: CauseTracer, c: int, pattern: str, members: list[int] = (),
+              symptoms: list[int] = ()) -> str:
     rank = next((int(tracer.rank[r]) for r in tracer._image_inputs(c)), 4)
     out = tracer._output(c)
     fmt = base_format(tracer.label[out]) if out >= 0 else "contiguous"
@@ -617,9 +627,17 @@ def _fix_text(view: FlowView, tracer: CauseTracer, c: int, pattern: str, members
                                               dims=rank - 2, support=tracer.support(c),
                                               to_memory_order=channels_last_order(rank),
                                               from_memory_order=logical_order(rank))
-    # the first call at the line, or a symptom, may read a map another does not: any of them says so
-    calls = list(dict.fromkeys(members)) or [c]
-    note = next((n for n in (tracer.size_note(m) for m in calls[:_NOTE_CALLS]) if n), "")
+    members = list(members) or [c]
+    # a level with no element made the cause only where every call of it read one (an FPN
+    # level without regions beside levels with them is a cause at any size)
+    empty = [tracer.empty_note(m) for m in members[:_NOTE_CALLS]]
+    note = empty[0] if all(empty) else ""
+    # a 1x1 map made the cause where every call of it, or every symptom of it, reads one (a
+    # symptom that does beside one that does not is no sign)
+    for events in (members, symptoms):
+        notes = [tracer.pixel_note(m) for m in events[:_NOTE_CALLS]]
+        if not note and notes and all(notes):
+            note = notes[0]
     if note:
         tracer.size_notes[c] = note
     return f"{text} ({note})" if note else text
