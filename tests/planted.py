@@ -374,6 +374,27 @@ class TokenGroupNorm(nn.Module):
         return self.c(a + t.transpose(1, 2).reshape(b, c, h, w))
 
 
+class MixedJoin(nn.Module):
+    """A map concatenated with a 2-channel tensor made off the path, contiguous (RAFT's flow):
+    the cat of channels_last and contiguous inputs writes contiguous. Converting the small one
+    removes the cause; the cat keeps the format of maps that all are in it."""
+
+    def __init__(self, fixed: bool = False):
+        super().__init__()
+        self.fixed = fixed
+        self.a = nn.Conv2d(3, 8, 3, padding=1)
+        self.scale = nn.Parameter(torch.rand(2, 1, 1) + 0.5)
+        self.c = nn.Conv2d(10, 8, 3, padding=1)
+
+    def forward(self, x):
+        a = self.a(x)
+        n, _, h, w = a.shape
+        flow = torch.linspace(-1, 1, w, dtype=a.dtype, device=a.device).expand(n, 2, h, w) * self.scale
+        if self.fixed:
+            flow = flow.contiguous(memory_format=CL if a.is_contiguous(memory_format=CL) else torch.contiguous_format)
+        return self.c(torch.cat([a, flow], dim=1))  # planted: a join of mixed formats
+
+
 #: model -> (class, input shape, the causes its audit must report: (phase, op, kind, pattern))
 CAUSE_MODELS = {
     "stack_reduce": (StackReduce, (2, 3, 8, 8), {("forward", "aten.sum.dim_IntList", "loses", "stack_reduce")}),
@@ -392,6 +413,7 @@ CAUSE_MODELS = {
                             {("forward", "aten.sum.dim_IntList", "loses", "stack_reduce")}),
     "token_group_norm": (TokenGroupNorm, (2, 3, 8, 8),
                          {("forward", "aten.native_group_norm.default", "joins", "joins")}),
+    "mixed_join": (MixedJoin, (2, 3, 8, 8), {("forward", "aten.cat.default", "converts", "mixed_join")}),
 }
 
 
@@ -532,3 +554,76 @@ class CostlyRegion(nn.Module):
         n, c, h, w = y.shape
         y = y.reshape(n, c * h, w).reshape(n, c, h, w)  # planted: a copy of the thin map
         return self.d(self.c(y))
+
+
+# -- what moves no bytes, and what the audited size made ---------------------------------------------
+
+
+class ContiguousGate(nn.Module):
+    """A map gated by a 1-channel map made from a contiguous copy: the gate is N×1×H×W, one
+    physical order in both formats, so the multiply that broadcasts it over the channels_last map
+    reorders nothing (only the copy is a cause)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 8, 3, padding=1)
+        self.gate = nn.Conv2d(8, 1, 1)
+        self.c = nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        y = self.a(x)
+        g = torch.sigmoid(self.gate(y.contiguous()))  # planted: a copy, whose 1-channel gate is both formats
+        return self.c(y * g)
+
+
+class EmptyUpdate(nn.Module):
+    """Samples picked by a mask that picks none, written into a canvas: the update and its
+    gradient have no elements, and the backward's index_put into a contiguous canvas of zeros
+    moves none of the canvas."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 8, 3, padding=1)
+        self.c = nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        y = self.a(x)
+        canvas = torch.zeros_like(y)
+        picked = torch.nonzero(y.detach().amax((1, 2, 3)) > 1e9).flatten()  # no sample
+        canvas[picked] = y[picked] * 2  # planted: an update with no elements
+        return self.c(canvas + y)
+
+
+class EmptyLevel(nn.Module):
+    """RoIAlign over a level no region fell in (an FPN level at a small input): its backward
+    writes a map of zeros, contiguous, from an empty gradient, and that map meets the
+    channels_last gradient of the level."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 8, 3, padding=1)
+        self.c = nn.Conv2d(8, 8, 3, padding=1)
+        self.head = nn.Conv2d(8, 8, 1)
+
+    def forward(self, x, boxes):
+        from torchvision.ops import roi_align
+
+        f = self.a(x)
+        r = roi_align(f, boxes, 2)  # planted: a level no region fell in
+        return self.c(f).sum() + self.head(r).sum()
+
+
+class OnePixelPad(nn.Module):
+    """A stride-2 convolution that makes a 1x1 map at a 4x4 input (and a 4x4 one at 16x16), a
+    batch norm, then a padding: the 1x1 map is in both formats at once, the norm writes it with
+    contiguous strides, and the padding writes contiguous; at a larger input it keeps the format."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 8, 3, stride=2, padding=1)
+        self.b = nn.Conv2d(8, 8, 3, stride=2, padding=1)
+        self.norm = nn.BatchNorm2d(8)
+        self.c = nn.Conv2d(8, 8, 3)
+
+    def forward(self, x):
+        return self.c(F.pad(self.norm(self.b(self.a(x))), (1, 1, 1, 1)))  # planted: 1x1 at a small input

@@ -180,6 +180,7 @@ def test_diff_by_cause_names_the_vanished_cause():
 FIX_ACTIONS = {
     "stack_reduce": _suggest.EDIT, "nc11_broadcast": _suggest.EDIT, "mean_backward": _suggest.EDIT, "inplace_view": _suggest.EDIT,
     "channel_slice": _suggest.EDIT, "weight_rebuilt": _suggest.EDIT, "conv_no_kernel": _suggest.REGION, "joins": _suggest.EDIT,
+    "mixed_join": _suggest.EDIT,
 }
 #: models whose cause's fix takes another action than its pattern's usual one, and why
 MODEL_ACTIONS = {
@@ -712,3 +713,106 @@ def test_converting_in_code_to_channels_last_chooses_the_format_it_does_not_pin_
     expected = sorted(before.audit.hotspots()[keys].values.tolist())
     assert ["forward", "mid", "aten._softmax.default", "loses"] in expected
     assert sorted(inside.audit.hotspots()[keys].values.tolist()) == expected
+
+
+# -- a join of mixed formats, and what moves no bytes ------------------------------------------------
+
+
+def test_a_join_of_mixed_formats_is_no_missing_kernel_and_its_fix_converts_the_odd_input(cause_audits):
+    a = cause_audits["mixed_join"]
+    ops = a.ops()
+    cat = ops[ops["op"] == "aten.cat.default"].iloc[0]
+    # the cat reorders the channels_last map to follow the contiguous flow: a conversion of it
+    assert (cat["kind"], cat["bytes"]) == ("converts", 2 * 8 * 8 * 8 * 4)
+    cov = a.coverage()
+    assert set(cov.loc[cov["op"] == "aten.cat.default", "support"]) == {"full"}  # not "partial": no kernel is missing
+    cause = a.causes().iloc[0]
+    assert cause["pattern"] == "mixed_join" and "usually the small one" in cause["fix"]
+    model, x = make_cause("mixed_join")
+    fixes = auditor.suggest_fixes(a)
+    row = fixes.frame.iloc[0]
+    assert row["automatic"] and ".contiguous(memory_format=torch.channels_last if a.is_contiguous(" in row["suggestion"]
+    assert "flow.contiguous(" in row["suggestion"] and "a.contiguous(" not in row["suggestion"]  # the odd one only
+    v = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=1)
+    fix = v[v["kind"] == "fix"].iloc[0]
+    assert fix["applied"] and fix["hotspots_after"] == 0 and fix["same_outputs"] and fix["max_abs_diff"] == 0
+    assert fix["contiguous_hotspots_after"] <= fix["contiguous_hotspots_before"]  # layout-neutral
+
+
+def test_a_cat_whose_inputs_all_keep_the_format_keeps_it():
+    class AllInFormat(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Conv2d(3, 8, 3, padding=1)
+            self.b = nn.Conv2d(3, 2, 3, padding=1)
+            self.c = nn.Conv2d(10, 8, 3, padding=1)
+
+        def forward(self, x):
+            return self.c(torch.cat([self.a(x), self.b(x)], dim=1))
+
+    a = auditor.audit(AllInFormat().to(memory_format=CL), torch.randn(2, 3, 8, 8).to(memory_format=CL))
+    assert a.causes().empty and set(a.ops().loc[a.ops()["op"] == "aten.cat.default", "kind"]) == {"preserves"}
+
+
+def test_a_broadcast_read_of_a_map_in_both_formats_moves_no_bytes():
+    from planted import ContiguousGate
+
+    model = ContiguousGate().to(memory_format=CL)
+    a = auditor.audit(model, torch.randn(2, 3, 8, 8).to(memory_format=CL))
+    ops = a.ops()
+    mul = ops[ops["op"].astype(str).str.startswith("aten.mul.")]
+    # the N×1×H×W gate is one physical order in both formats: multiplying it in reorders nothing
+    assert len(mul) and (mul["bytes"] == 0).all() and not mul["hotspot"].any()
+    assert set(mul["kind"]) == {"preserves"}
+    # the copy the gate is made from is the one cause, and the gate's reads are none of its symptoms
+    assert set(a.causes()["op"]) == {"aten.clone.default"}
+    assert not a.hotspots()["op"].str.startswith("aten.mul.").any()
+
+
+def test_an_update_with_no_elements_moves_no_bytes():
+    from planted import EmptyUpdate
+
+    model = EmptyUpdate().to(memory_format=CL)
+    a = auditor.audit(model, torch.randn(2, 3, 8, 8).to(memory_format=CL))
+    ops = a.ops()
+    puts = ops[ops["op"].astype(str).str.startswith("aten.index_put")]
+    assert len(puts) == 2 and (puts["bytes"] == 0).all() and not puts["hotspot"].any()
+    assert (puts["kind"] == "preserves").all()  # not a loss of the whole canvas
+    # the canvas of zeros autograd makes contiguous is real, and is where the data joins the path
+    causes = a.causes()
+    assert list(causes["op"]) == ["aten.new_zeros.default"] and list(causes["pattern"]) == ["joins"]
+    assert "no elements" not in causes["fix"].iloc[0]  # it happens whatever the update holds
+
+
+def test_a_cause_from_a_level_with_no_element_says_so():
+    from planted import EmptyLevel
+
+    model = EmptyLevel().to(memory_format=CL)
+    a = auditor.audit(model, torch.randn(2, 3, 8, 8).to(memory_format=CL), torch.zeros(0, 5))
+    causes = a.causes()
+    # the backward writes a map of zeros from the empty level's gradient: the data joins there,
+    # not at the convolution that wrote the empty gradient
+    assert list(causes["op"]) == ["torchvision._roi_align_backward.default"] and list(causes["kind"]) == ["joins"]
+    assert "no elements (0x8x2x2, 0x5: a level no element fell in)" in causes["fix"].iloc[0]
+    fixes = auditor.suggest_fixes(a)
+    assert "a level no element fell in" in fixes.frame["reason"].iloc[0]
+
+
+def test_a_cause_from_a_map_the_input_size_made_1x1_says_so():
+    from planted import OnePixelPad
+
+    torch.manual_seed(0)
+    model = OnePixelPad().to(memory_format=CL)
+    small = auditor.audit(model, torch.randn(2, 3, 4, 4).to(memory_format=CL))
+    (fix,) = small.causes()["fix"]
+    assert "at the audited size the map here is 1x1 (2x8x1x1, made by the convolution at" in fix
+    assert "planted.py" in fix
+    reason = auditor.suggest_fixes(small).frame["reason"].iloc[0]
+    assert not reason or "1x1" in reason
+    # at a larger input the map is 4x4 and the cause is gone
+    assert auditor.audit(model, torch.randn(2, 3, 16, 16).to(memory_format=CL)).causes().empty
+
+
+def test_a_map_pooled_to_1x1_at_every_size_has_no_size_note(cause_audits):
+    (fix,) = cause_audits["pool_branch"].causes()["fix"]
+    assert "audited size" not in fix

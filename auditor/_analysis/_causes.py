@@ -10,11 +10,15 @@ line: what the user changes.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pandas as pd
+import torch
 
 from .._recording import _rules as rules
 from .._recording._formats import base_format, channels_last_order, logical_order
+from .._recording._torch import is_reduction
 from . import _patterns as patterns
 from ._activations import op_flags, parse_tuple
 from ._costs import copy_cost, estimate_note, own_saving_us, pass_cost, saving_us, timed
@@ -32,6 +36,8 @@ CAUSE_COLUMNS = [
 ]
 
 _CL = ("channels_last", "channels_last_3d")
+#: the arguments that hold the tensors a cat or stack joins
+_JOINED = ("tensors",)
 _SLICES = ("aten.slice", "aten.narrow", "aten.split", "aten.chunk", "aten.split_with_sizes", "aten.unbind")
 
 
@@ -66,6 +72,9 @@ class CauseTracer:
         self.bounds = np.searchsorted(self.seq, np.arange(len(ops) + 1))
         self.coverage = coverage
         self._memo: dict[int, tuple[int, str]] = {}
+        #: cause event -> why it may exist only at the audited size (:meth:`size_note`), for the
+        #: fixes' reasons; filled by :func:`cause_table`
+        self.size_notes: dict[int, str] = {}
 
     # -- which rows -------------------------------------------------------------------------
     def _rows(self, e: int) -> range:
@@ -78,7 +87,24 @@ class CauseTracer:
         if self.is_conv[e]:
             return list(rows)
         shapes = {self.shape[r] for r in rows if self.image[r]}
-        return [r for r in rows if self.image[r] or (self.ndim[r] >= 4 and self.shape[r] in shapes)]
+        joined = {self.ndim[r] for r in rows if self.image[r] and self.arg[r] in _JOINED}
+        return [r for r in rows if self.image[r] or (self.ndim[r] >= 4 and self.shape[r] in shapes)
+                or (self.arg[r] in _JOINED and self.ndim[r] in joined)]
+
+    def mixed_join(self, e: int) -> list[int]:
+        """The odd inputs of a join of mixed formats: where ``e`` joins (``cat``, ``stack``)
+        tensors of the images' rank whose recorded formats disagree, some channels_last and
+        some in a definite other format, and writes the other format, the rows of those others;
+        [] where it is no such join. Empty tensors are left out: they hold nothing to move."""
+        if self.is_conv[e] or self.copy[e]:
+            return []
+        rows = [r for r in self.graph.act_rows.get(e, []) if self.arg[r] in _JOINED and self.ndim[r] in (4, 5)
+                and self.size[r] > 0]
+        formats = [base_format(self.label[r]) for r in rows]
+        out = self._output(e)
+        if not any(f in _CL for f in formats) or out < 0 or base_format(self.label[out]) in _CL:
+            return []
+        return [r for r, f in zip(rows, formats) if f in ("contiguous", "other")]
 
     def _output(self, e: int) -> int:
         outs = [r for r in self._rows(e) if self.is_out[r]]
@@ -113,6 +139,10 @@ class CauseTracer:
         # an operand arrived off its format (a peer of an image's shape, for an op that loses):
         # blame whoever wrote it so
         found = self._upstream(blamed, seen)
+        if self.mixed_join(h) and (found is None or found[1] == JOINS):
+            # a join of maps in the format with a tensor that never was in it (made off the
+            # path, or from no image): the join is what the user changes, converting that one
+            return h, CONVERTS
         if found is not None:
             return found
         return h, (CONVERTS if copies and kind != rules.LOSES else LOSES)
@@ -133,15 +163,20 @@ class CauseTracer:
         return joined
 
     def _trace(self, r: int, seen: set) -> tuple[int, str] | None:
-        """Follow the data of input row ``r`` back to the op that wrote it off its format."""
-        p = int(self.graph.producer[r])
+        """Follow the data of input row ``r`` back to the op that wrote it off its format. A
+        tensor with no elements (of a level no region fell in) carries nothing: the data entered
+        the path at the op that read it (a backward that writes a map of zeros from an empty
+        gradient)."""
+        reader, p = int(self.seq[r]), int(self.graph.producer[r])
         while p >= 0 and p not in seen:
             seen.add(p)
+            if 0 in parse_tuple(self.shape[r]):
+                return reader, JOINS
             kind = self.kind[p]
             if kind in (rules.LOSES, rules.CONVERTS, rules.RESTORES) or self.is_conv[p]:
                 return self._cause(p, seen)
-            ins = self._image_inputs(p)
-            if not ins:  # the data entered the image path here; a view is never a cause
+            ins = [] if rules.is_factory(self.op[p]) else self._image_inputs(p)
+            if not ins:  # the data entered the image path here (a factory reads none); a view is never a cause
                 while self._aliases(p):
                     first = next((r for r in self._rows(p) if not self.is_out[r]), -1)
                     q = int(self.graph.producer[first]) if first >= 0 else -1
@@ -150,7 +185,7 @@ class CauseTracer:
                     p = q
                 return p, JOINS
             nxt = next((x for x in ins if self._off(self.effective[x] or self.label[x])), ins[0])
-            p = int(self.graph.producer[nxt])
+            reader, r, p = p, nxt, int(self.graph.producer[nxt])
         return None
 
     def _aliases(self, p: int) -> bool:
@@ -248,6 +283,8 @@ class CauseTracer:
         if origin >= 0 and self._spatial_reduction(origin):
             return patterns.MEAN_BACKWARD.name
         if kind == CONVERTS:
+            if self.mixed_join(c):
+                return patterns.MIXED_JOIN.name
             if src >= 0 and self.ndim[src] == self.rank[src] + 1:
                 return patterns.CHANNEL_SHUFFLE.name
             if self._reshaped(c):
@@ -368,6 +405,84 @@ class CauseTracer:
         row = cov[cov["op"] == self.op[e]]
         return bool(len(row)) and row["support"].isin(["none", "partial"]).any()
 
+    # -- what the audited size made -----------------------------------------------------------
+    def size_note(self, e: int) -> str:
+        """:meth:`empty_note`, else :meth:`pixel_note` of event ``e``."""
+        return self.empty_note(e) or self.pixel_note(e)
+
+    def empty_note(self, e: int) -> str:
+        """Why cause ``e`` may exist only at the audited size because it read a tensor with no
+        elements (a level no element fell in: an FPN level without a region); "" where it read
+        none (:meth:`pixel_note` for the rest)."""
+        empty = [] if rules.is_factory(self.op[e]) else [  # a factory reads no data
+            r for r in self._rows(e) if not self.is_out[r] and self.ndim[r] >= 2 and 0 in parse_tuple(self.shape[r])]
+        if not empty:
+            return ""
+        shapes = ", ".join(dict.fromkeys("x".join(map(str, parse_tuple(self.shape[r]))) for r in empty))
+        return (f"at the audited size it reads tensors with no elements ({shapes}: a level no element fell in); "
+                "where every level gets elements it may not happen: audit at the model's own input size too")
+
+    def pixel_note(self, e: int) -> str:
+        """Why cause ``e`` may exist only at the audited input size, "" where nothing says so: it
+        reads or writes a map whose spatial dimensions are all 1 that an op which is no global
+        reduction made from a larger one (a strided convolution or pooling of a map only 2 or 3
+        wide at a small input): a 1×1 map is in both formats at once, so PyTorch writes what
+        follows it contiguous, where a larger map keeps the format."""
+        made = self._shrunk_by(e)
+        if made is None and self.phase[e] == "backward" and self.forward_seq[e] >= 0:
+            made = self._shrunk_by(int(self.forward_seq[e]))  # the forward op it is the backward of
+        if made is None:
+            return ""
+        op = rules.op_packet(self.op[made]).removeprefix("aten.")
+        shape = "x".join(map(str, parse_tuple(self.shape[self._output(made)])))
+        return (f"at the audited size the map here is 1x1 ({shape}, made by the {op} at "
+                f"{self.source[made] or self.module[made]}), in both formats at once; at a larger input it is not, "
+                "and the cause may not happen: audit at the model's own input size too")
+
+    def _one_pixel(self, r: int) -> bool:
+        shape = parse_tuple(self.shape[r])
+        return len(shape) in (4, 5) and 0 not in shape and all(s == 1 for s in shape[2:])
+
+    def _shrinks(self, p: int) -> bool | None:
+        """Whether ``p`` made a 1x1 map from a larger one (True), passed a 1x1 map on (None), or
+        neither (False)."""
+        out = self._output(p)
+        if out < 0 or not self._one_pixel(out):
+            return False
+        ins = [r for r in self._image_inputs(p) if self.ndim[r] == self.ndim[out]]
+        if not ins:
+            return False
+        return None if all(self._one_pixel(r) for r in ins) else True
+
+    def _shrunk_by(self, e: int, limit: int = 64) -> int | None:
+        """The op that made the 1x1 map ``e`` reads or writes from a larger map, where it is no
+        global reduction (:meth:`size_note`); None where there is none."""
+        p, steps = e, 0
+        while p >= 0 and steps < limit:
+            steps += 1
+            shrinks = self._shrinks(p)
+            if shrinks:
+                return p if self._size_dependent(p) else None
+            ins = [r for r in self._image_inputs(p) if self._one_pixel(r)]
+            if not ins:
+                return None
+            p = int(self.graph.producer[ins[0]])
+        return None
+
+    def _size_dependent(self, p: int) -> bool:
+        """Whether ``p``, which made a 1x1 map from a larger one, makes one only at small sizes:
+        no reduction (a mean over H and W) and no adaptive pool, which make one at any size; a
+        convolution (its kernel and stride, fixed, cover this input's size only), or a pooling
+        of a map at most 3 wide (a stride-2 pool of a 2x2 map; a pool whose kernel is the input's
+        size, a global one, reads the map whatever its size)."""
+        op = str(self.op[p])
+        if "adaptive" in op or _reduces(op):
+            return False
+        if self.is_conv[p]:
+            return True
+        ins = [r for r in self._image_inputs(p) if self.ndim[r] in (4, 5)]
+        return bool(ins) and all(s <= 3 for s in parse_tuple(self.shape[ins[0]])[2:])
+
     def support(self, e: int) -> str:
         cov = self.coverage
         if cov is None or cov.empty:
@@ -472,7 +587,7 @@ def _cause_rows(view, tracer: CauseTracer, keys, kinds, order, group_of_event, s
             "hotspots": len(symptoms), "bytes": int(nbytes[symptoms].sum()) + rebuilt_bytes,
             "time_us": _total(time, sorted({*symptoms.tolist(), *own, *rebuilt})),
             "saving_us": total, "saving_trusted": trusted, "saving_note": note,
-            "fix": _fix_text(view, tracer, first, pattern), "first_seq": first,
+            "fix": _fix_text(view, tracer, first, pattern, members, symptoms.tolist()), "first_seq": first,
         })
     if not rows:
         numeric = {"cause": "int64", "calls": "int64", "hotspots": "int64", "bytes": "int64",
@@ -489,13 +604,44 @@ def _total(values: np.ndarray, rows: list[int], empty: float = float("nan")) -> 
     return float(np.nansum(picked)) if not np.isnan(picked).all() else float("nan")
 
 
-def _fix_text(view: FlowView, tracer: CauseTracer, c: int, pattern: str) -> str:
+@functools.lru_cache(maxsize=1024)
+def _reduces(op: str) -> bool:
+    """Whether the aten op named ``op`` is a reduction (asked of torch's own tags)."""
+    namespace, _, rest = op.partition(".")
+    name, _, overload = rest.partition(".")
+    try:
+        return is_reduction(getattr(getattr(getattr(torch.ops, namespace), name), overload or "default"))
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def _fix_text(view: FlowView, tracer: CauseTracer, c: int, pattern: str, members: list[int] = (),
+              symptoms: list[int] = ()) -> str:
     rank = next((int(tracer.rank[r]) for r in tracer._image_inputs(c)), 4)
     out = tracer._output(c)
     fmt = base_format(tracer.label[out]) if out >= 0 else "contiguous"
     if fmt not in ("contiguous", *_CL):  # not an image itself (a token tensor): its dense order
         fmt = "another"
     cl = "channels_last_3d" if rank == 5 else "channels_last"
-    return patterns.pattern(pattern).fix_text(cl=cl, fmt=fmt, op=rules.op_packet(view.op[c]).removeprefix("aten."),
-                                    dims=rank - 2, support=tracer.support(c),
-                                    to_memory_order=channels_last_order(rank), from_memory_order=logical_order(rank))
+    text = patterns.pattern(pattern).fix_text(cl=cl, fmt=fmt, op=rules.op_packet(view.op[c]).removeprefix("aten."),
+                                              dims=rank - 2, support=tracer.support(c),
+                                              to_memory_order=channels_last_order(rank),
+                                              from_memory_order=logical_order(rank))
+    members = list(members) or [c]
+    # a level with no element made the cause only where every call of it read one (an FPN
+    # level without regions beside levels with them is a cause at any size)
+    empty = [tracer.empty_note(m) for m in members[:_NOTE_CALLS]]
+    note = empty[0] if all(empty) else ""
+    # a 1x1 map made the cause where every call of it, or every symptom of it, reads one (a
+    # symptom that does beside one that does not is no sign)
+    for events in (members, symptoms):
+        notes = [tracer.pixel_note(m) for m in events[:_NOTE_CALLS]]
+        if not note and notes and all(notes):
+            note = notes[0]
+    if note:
+        tracer.size_notes[c] = note
+    return f"{text} ({note})" if note else text
+
+
+#: how many calls of a cause's line :func:`_fix_text` asks for a note on the audited size
+_NOTE_CALLS = 16

@@ -126,6 +126,12 @@ WEIGHT_FORMAT = register_pattern(
     happened="a parameter stored in another format than its convolution computes in",
     remedy="`convert_conv2d_weight_memory_format`",
     fix="store this convolution's weight in {cl} (auditor.convert_conv{dims}d_weight_memory_format)")
+MIXED_JOIN = register_pattern(
+    "mixed_join",
+    happened="`cat` of channels_last maps and a tensor in another format: it writes that format",
+    remedy="convert the odd tensor to the others' format before the join",
+    fix="{op} joins {cl} maps with a tensor in {fmt} order, so it writes {fmt}: convert that tensor to the format "
+        "of the others before the join (.contiguous(memory_format=...)); it is usually the small one")
 CONV_NO_KERNEL = register_pattern(
     "conv_no_kernel",
     happened="a convolution with no channels_last kernel for this shape, dtype and device",

@@ -50,6 +50,9 @@ WEIGHT_ARGS = frozenset({"weight", "bias", "running_mean", "running_var", "save_
 
 #: Arguments that play the same part in an op (cat's list, a binary op's operands).
 _PEER_ARGS = frozenset({"self", "other", "tensors"})
+#: Peers joined along a dimension (cat's and stack's list): their shapes may differ, so a peer
+#: of the image's rank meets it whatever its size along the joined dimension.
+_JOINED_ARGS = frozenset({"tensors"})
 
 #: Ops that copy their input into a layout somebody chose: a conversion, never a loss. The
 #: composite ones (contiguous, to, reshape, flatten) reach a mode undecomposed under
@@ -500,16 +503,21 @@ def classify(op: str, tensors: tuple[TensorSig, ...]) -> Verdict:
 def _with_peers(tensors, acts_in: list[TensorSig]) -> list[TensorSig]:
     """An operand the data flow does not know as an image (a tensor reshaped back from
     tokens, say) is one when it meets an image of its shape as a peer (``add``'s ``other``,
-    one of ``cat``'s tensors): the op must bring both into one layout. It is judged as that
-    image: labelled with the image's channel dimension and rank, so that an NHWC operand
-    beside an NHWC view of an image reads as what it is, not as if H were its channels."""
+    one of ``cat``'s tensors): the op must bring both into one layout. One of the tensors
+    ``cat`` or ``stack`` joins meets an image of its rank, whatever its size along the joined
+    dimension (a 2-channel flow concatenated to a map). It is judged as that image: labelled
+    with the image's channel dimension and rank, so that an NHWC operand beside an NHWC view of
+    an image reads as what it is, not as if H were its channels."""
     images: dict[tuple, TensorSig] = {}
+    joined: dict[int, TensorSig] = {}  # a joined list's first image of each rank
     for t in acts_in:
         if t.arg in _PEER_ARGS:
             images.setdefault(t.shape, t)
-    peers = [_judged_as(t, images[t.shape]) for t in tensors
+        if t.arg in _JOINED_ARGS:
+            joined.setdefault(len(t.shape), t)
+    peers = [_judged_as(t, images.get(t.shape) or joined[len(t.shape)]) for t in tensors
              if t.role == "input" and t.image is False and t.arg in _PEER_ARGS and t.floating and not t.is_param
-             and t.shape in images and t.label != "-"]
+             and t.label != "-" and (t.shape in images or (t.arg in _JOINED_ARGS and len(t.shape) in joined))]
     return acts_in + peers if peers else acts_in
 
 
@@ -540,6 +548,8 @@ def _first_label(ts) -> str:
 
 
 def _classify_compute(acts_in, acts_out) -> Verdict:
+    # an operand without elements (an empty update, a level no region fell in) moves no data
+    acts_in = [t for t in acts_in if 0 not in t.shape]
     cl_in = [t for t in acts_in if _effective(t) in _CL]
     other_in = [t for t in acts_in if _effective(t) not in (None, *_CL)]
     dense_out = [t for t in acts_out if not t.is_view and t.label in _DEFINITE]
@@ -555,9 +565,12 @@ def _classify_compute(acts_in, acts_out) -> Verdict:
             return Verdict(CONVERTS, sum(t.nbytes for t in cl_in), cl_in[0].label, out.label)
         return Verdict(LOSES, out.nbytes, cl_in[0].label, out.label)
     cl_out = [t for t in dense_out if t.label in _CL]
-    if cl_out and other_in:
+    # an operand in both formats at once (N×1×H×W, N×C×1×1, broadcast or not) is read in the
+    # one physical order both share: only an operand of a definite other format is reordered
+    moved = [t for t in other_in if definite(t.label)]
+    if cl_out and moved:
         kind = CONVERTS if cl_in else RESTORES
-        return Verdict(kind, sum(t.nbytes for t in other_in), other_in[0].label, cl_out[0].label)
+        return Verdict(kind, sum(t.nbytes for t in moved), moved[0].label, cl_out[0].label)
     if not any(definite(t.label) for t in acts_in + acts_out):
         return Verdict(AMBIGUOUS_KIND, 0, _first_label(acts_in), _first_label(acts_out))
     return Verdict(PRESERVES, 0, _first_label(acts_in), _first_label(acts_out))
