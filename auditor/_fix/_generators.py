@@ -191,9 +191,11 @@ def propose(view: FlowView, tracer: CauseTracer, row, threads: int | None = None
     for generate in fix_generators(row.pattern):
         found = generate(cause)
         if found is not None:
-            note = getattr(tracer, "size_notes", {}).get(cause.e, "")
+            note = tracer.size_notes.get(cause.e, "")  # a cause the audited size may have made
             if note and found.reason and note not in found.reason:
-                found.reason = f"{found.reason} ({note})"  # a cause the audited size may have made
+                found.reason = f"{found.reason} ({note})"
+            elif note and not found.reason:
+                found.detail = f"{found.detail} ({note})"
             return found
     return None
 
