@@ -85,6 +85,7 @@ OPS: dict[str, Callable] = {
     "flip_h": lambda x, m: torch.flip(x, (2,)),
     "channel_shuffle": lambda x, m: _channel_shuffle(x),
     "channel_shuffle_contiguous": lambda x, m: _channel_shuffle_contiguous(x),
+    "channel_shuffle_op": lambda x, m: F.channel_shuffle(x, 2),  # nn.ChannelShuffle: one aten op
     "pixel_shuffle": lambda x, m: F.pixel_shuffle(x, 2),
     "pixel_unshuffle": lambda x, m: F.pixel_unshuffle(x, 2),
     "cat_channels": lambda x, m: torch.cat([x, x * 2], 1),
