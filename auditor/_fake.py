@@ -256,7 +256,7 @@ def fake_audit(step: Step, *, device=None, dtype=None, strict: bool = False, rec
                 if fake_opt is not None:
                     fake_opt.step()
     del accumulators
-    return fa.audit
+    return fa.audit._with(kernels=restrider.checks(target.type))
 
 
 def _gradient_accumulators(faker: _Faker, shim: _DeviceShim) -> list:

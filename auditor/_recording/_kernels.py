@@ -32,6 +32,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import pandas as pd
 import torch
 
 from ._probe import PROBE as SHARED_PROBE
@@ -236,9 +237,11 @@ class Restrider(TorchDispatchMode):
         self.applied: dict[tuple[str, str], int] = {}
         self.unknown: set[str] = set()
         self.probed = 0
+        self.asked: dict[str, int] = {}  # op -> calls asked of the real kernel
         self.changed: dict[str, int] = {}
         self.failed: dict[str, str] = {}
         self.unchecked: dict[str, int] = {}
+        self.tabled: dict[str, int] = {}  # op -> calls a table entry applied to
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -247,15 +250,14 @@ class Restrider(TorchDispatchMode):
             if worth_asking(func, args) and _images_out(out):
                 return self._asked(func, args, kwargs, out)
             return out
-        entries = self.table.get(func)
+        entries = [c for c in self.table.get(func, ()) if c.applies(args, kwargs)]
         if not entries:
             if worth_asking(func, args) and _images_out(out):
                 name = str(func)
                 self.unchecked[name] = self.unchecked.get(name, 0) + 1
             return out
+        self.tabled[str(func)] = self.tabled.get(str(func), 0) + 1
         for c in entries:
-            if not c.applies(args, kwargs):
-                continue
             writes = c.writes
             if writes == "conv3d":
                 writes = _conv3d_cuda_writes(args, kwargs)
@@ -270,10 +272,11 @@ class Restrider(TorchDispatchMode):
 
     def _asked(self, func, args, kwargs, out):
         self.probed += 1
+        name = str(func)
+        self.asked[name] = self.asked.get(name, 0) + 1
         try:
             real = self.probe.results(func, args, kwargs)
         except Exception as exc:  # a kernel that needs values a random tensor lacks: say so
-            name = str(func)
             if name not in self.failed:
                 self.failed[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
                 warnings.warn(f"fake audit: the real kernel of {name} could not be asked ({self.failed[name]}); "
@@ -290,9 +293,33 @@ class Restrider(TorchDispatchMode):
             changed = True
         if not changed:
             return out
-        name = str(func)
         self.changed[name] = self.changed.get(name, 0) + 1
         return outs[0] if single else type(out)(outs)
+
+    def checks(self, device_type: str) -> pd.DataFrame:
+        """Per op this audit had to know a device kernel's strides for: ``checked`` is
+        ``"kernel"`` (asked of the real kernel here), ``"not asked"`` (the kernel raised on random
+        values; the meta kernel's strides kept), ``"table"`` (a table entry's source) or
+        ``"not checked"`` (the meta kernel's strides, which nothing here could check); ``calls``
+        how often it ran so, ``relaid`` how many of those results were re-laid out."""
+        rows = []
+        for op, n in self.asked.items():
+            rows.append((op, device_type, "not asked" if op in self.failed else "kernel", n, self.changed.get(op, 0),
+                         self.failed.get(op, "")))
+        relaid: dict[str, int] = {}
+        for (_, op), n in self.applied.items():
+            relaid[op] = relaid.get(op, 0) + n
+        for op, n in self.tabled.items():
+            rows.append((op, device_type, "table", n, relaid.get(op, 0), ""))
+        for op, n in self.unchecked.items():
+            rows.append((op, device_type, "not checked", n, 0, ""))
+        frame = pd.DataFrame(rows, columns=["op", "device", "checked", "calls", "relaid", "reason"])
+        frame["calls"] = frame["calls"].astype("Int64")
+        return frame.sort_values(["checked", "op"], kind="stable").reset_index(drop=True)
+
+    @property
+    def unchecked_ops(self) -> list[str]:
+        return sorted(self.unchecked, key=lambda op: -self.unchecked[op])
 
     def _restride(self, c: Correction, func, out, writes: str):
         single = not isinstance(out, (list, tuple))
