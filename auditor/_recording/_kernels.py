@@ -36,7 +36,7 @@ import pandas as pd
 import torch
 
 from ._probe import PROBE as SHARED_PROBE
-from ._probe import KernelProbe, image_args, returns_fresh
+from ._probe import KernelProbe, returns_fresh, tensor_args
 from ._torch import TorchDispatchMode, _release
 
 aten = torch.ops.aten
@@ -202,15 +202,21 @@ def _dense_strides(shape, fmt: str) -> tuple[int, ...] | None:
 
 
 def worth_asking(func, args) -> bool:
-    """An op whose results' strides a device's kernel chooses, with a 4-D/5-D argument that is
-    not plain contiguous (a channels_last map, a view of one): the ops a probe asks."""
+    """An op whose results' strides a device's kernel chooses (it writes new tensors), with an
+    argument of 3 or more dimensions that is not plain row-major: a channels_last map (an
+    ambiguous one too: N x C x 1 x 1 reads as both, and kernels pick either), a view of one, a
+    transposed token tensor. The ops a probe asks; an op whose arguments are all row-major
+    writes row-major results on every kernel the tests know."""
     if not returns_fresh(func):
         return False
-    return any(not t.is_contiguous() for t in image_args(args))
+    return any(t.dim() >= 3 and (not t.is_contiguous() or
+                                 (t.dim() in _FORMATS and t.is_contiguous(memory_format=_FORMATS[t.dim()])))
+               for t in tensor_args(args))
 
 
-def _images_out(out) -> bool:
-    return any(isinstance(o, torch.Tensor) and o.dim() in _FORMATS
+def _shaped_out(out) -> bool:
+    """A result of 3 or more dimensions: one whose strides are a layout."""
+    return any(isinstance(o, torch.Tensor) and o.dim() >= 3
                for o in (out if isinstance(out, (list, tuple)) else (out,)))
 
 
@@ -247,12 +253,12 @@ class Restrider(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if self.probe is not None:
-            if worth_asking(func, args) and _images_out(out):
+            if worth_asking(func, args) and _shaped_out(out):
                 return self._asked(func, args, kwargs, out)
             return out
         entries = [c for c in self.table.get(func, ()) if c.applies(args, kwargs)]
         if not entries:
-            if worth_asking(func, args) and _images_out(out):
+            if worth_asking(func, args) and _shaped_out(out):
                 name = str(func)
                 self.unchecked[name] = self.unchecked.get(name, 0) + 1
             return out
@@ -286,7 +292,7 @@ class Restrider(TorchDispatchMode):
         outs = [out] if single else list(out)
         changed = False
         for i, (o, r) in enumerate(zip(outs, real)):
-            if (r is None or not isinstance(o, torch.Tensor) or o.dim() not in _FORMATS
+            if (r is None or not isinstance(o, torch.Tensor) or o.dim() < 3
                     or tuple(o.shape) != r.shape or tuple(o.stride()) == r.stride):
                 continue
             outs[i] = torch.empty_strided(o.shape, r.stride, dtype=o.dtype, device=o.device)

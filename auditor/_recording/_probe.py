@@ -82,23 +82,15 @@ def returns_fresh(func) -> bool:
 _FRESH: dict = {}
 
 
-def image_args(args) -> list:
-    """The 4-D and 5-D tensor arguments (one level into lists: ``cat``'s)."""
+def tensor_args(args) -> list:
+    """The tensor arguments (one level into lists: ``cat``'s)."""
     found = []
     for a in args:
         if isinstance(a, torch.Tensor):
-            if a.dim() in _FORMATS:
-                found.append(a)
+            found.append(a)
         elif type(a) in (list, tuple):
-            found.extend(x for x in a if isinstance(x, torch.Tensor) and x.dim() in _FORMATS)
+            found.extend(x for x in a if isinstance(x, torch.Tensor))
     return found
-
-
-def channels_last(t) -> bool:
-    """Dense in channels_last (3d) order and not also contiguous."""
-    t = like(t)
-    fmt = _FORMATS.get(len(t.shape))
-    return fmt is not None and _dense_in(t, fmt) and not _dense_in(t, torch.contiguous_format)
 
 
 def _dense_in(t: Like, fmt) -> bool:
