@@ -281,7 +281,9 @@ class Restrider(TorchDispatchMode):
         name = str(func)
         self.asked[name] = self.asked.get(name, 0) + 1
         try:
-            real = self.probe.results(func, args, kwargs)
+            outs = out if isinstance(out, (list, tuple)) else (out,)
+            shapes = [tuple(o.shape) if isinstance(o, torch.Tensor) else None for o in outs]
+            real = self.probe.results(func, args, kwargs, out_shapes=shapes)
         except Exception as exc:  # a kernel that needs values a random tensor lacks: say so
             if name not in self.failed:
                 self.failed[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"

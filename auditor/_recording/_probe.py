@@ -121,6 +121,66 @@ def _real(a, gen: torch.Generator):
     return a
 
 
+#: Arguments of up to this many bytes in all are asked at their own sizes; larger ones (a big
+#: batch, which a fake audit never allocates) with their batch cut to :data:`SHRUNK_BATCH`.
+EXACT_BYTES = 16 * 2**20
+#: The batch a large op is asked at: more than one sample, as the step has (a kernel may choose
+#: another path for a single sample).
+SHRUNK_BATCH = 2
+
+
+def _nbytes(args) -> int:
+    total = 0
+    for a in args:
+        if _is_layout(a):
+            t = like(a)
+            n = 1
+            for d in t.shape:
+                n *= d
+            total += n * t.dtype.itemsize
+        elif isinstance(a, (list, tuple)):
+            total += _nbytes(a)
+    return total
+
+
+def _order(t: Like) -> list[int] | None:
+    """The dimensions from outermost to innermost, if ``t`` is dense in that order (else None)."""
+    order = sorted(range(len(t.shape)), key=lambda d: (-t.stride[d], d))
+    step = 1
+    for d in reversed(order):
+        if t.shape[d] != 1 and t.stride[d] != step:
+            return None
+        step *= t.shape[d]
+    return order
+
+
+def _dense(shape, order) -> tuple[int, ...]:
+    strides = [0] * len(shape)
+    step = 1
+    for d in reversed(order):
+        strides[d] = step
+        step *= max(shape[d], 1)
+    return tuple(strides)
+
+
+def _cut(a, n: int, b: int, ints: bool):
+    """``a`` with its batch ``n`` cut to ``b``: tensors of 2 or more dimensions whose first size
+    is ``n`` (dense ones stay dense in their order; others keep their strides), and with ``ints``
+    the integers equal to ``n`` (``native_group_norm``'s ``N``)."""
+    if _is_layout(a):
+        t = like(a)
+        if len(t.shape) < 2 or t.shape[0] != n:
+            return t
+        shape = (b, *t.shape[1:])
+        order = _order(t)
+        return Like(shape, _dense(shape, order) if order is not None else t.stride, t.dtype)
+    if isinstance(a, (list, tuple)) and any(_is_layout(x) for x in a):
+        return type(a)(_cut(x, n, b, ints) for x in a)
+    if ints and type(a) is int and a == n:
+        return b
+    return a
+
+
 class KernelProbe:
     """The probe's answers, cached per (overload, signature); :data:`PROBE` is the one shared."""
 
@@ -129,9 +189,15 @@ class KernelProbe:
         self._gen = torch.Generator().manual_seed(0)
         self.asked = 0  # kernels run (cache misses)
 
-    def results(self, func, args, kwargs=None) -> tuple:
+    def results(self, func, args, kwargs=None, out_shapes=None) -> tuple:
         """Per result of ``func`` run on real CPU tensors laid out like ``args``: its layout
-        (a :class:`Like`, or None for a result that is no tensor). Raises what the kernel raises."""
+        (a :class:`Like`, or None for a result that is no tensor). Raises what the kernel raises.
+
+        Arguments over :data:`EXACT_BYTES` are asked with their batch cut to
+        :data:`SHRUNK_BATCH` when ``out_shapes`` (the results' sizes at the full batch) are
+        given: each result must then have those sizes but the batch, and its order of
+        dimensions is laid over the full sizes."""
+        kwargs = kwargs or {}
         key = signature(func, args, kwargs)
         hit = self._answers.get(key)
         if hit is not None:
@@ -140,16 +206,38 @@ class KernelProbe:
             return hit
         self.asked += 1
         try:
-            with unset_fake_temporarily(), torch.no_grad():
-                out = func(*(_real(a, self._gen) for a in args),
-                           **{k: _real(v, self._gen) for k, v in (kwargs or {}).items()})
+            answer = self._ask(func, args, kwargs, out_shapes)
         except Exception as exc:
             self._answers[key] = exc.with_traceback(None)  # the frames would keep the tensors alive
             raise
-        outs = out if isinstance(out, (list, tuple)) else (out,)
-        answer = tuple(like(o) if isinstance(o, torch.Tensor) else None for o in outs)
         self._answers[key] = answer
         return answer
+
+    def _ask(self, func, args, kwargs, out_shapes) -> tuple:
+        first = next((like(t) for t in _layouts(args) if len(like(t).shape) >= 3), None)
+        n = first.shape[0] if first is not None else 0
+        if out_shapes is None or n <= SHRUNK_BATCH or _nbytes([*args, *kwargs.values()]) <= EXACT_BYTES:
+            return self._run(func, args, kwargs)
+        refused = None
+        for ints in (False, True):
+            small = [_cut(a, n, SHRUNK_BATCH, ints) for a in args]
+            small_kw = {k: _cut(v, n, SHRUNK_BATCH, ints) for k, v in kwargs.items()}
+            try:
+                got = self._run(func, small, small_kw)
+            except Exception as exc:  # the cut broke an argument that the batch sizes
+                refused = exc
+                continue
+            answer = _widen(got, out_shapes, n)
+            if answer is not None:
+                return answer
+        raise RuntimeError(f"too large to ask at its own batch ({n}), and a batch of {SHRUNK_BATCH} "
+                           f"does not give its results' sizes ({refused or 'other sizes'})")
+
+    def _run(self, func, args, kwargs) -> tuple:
+        with unset_fake_temporarily(), torch.no_grad():
+            out = func(*(_real(a, self._gen) for a in args), **{k: _real(v, self._gen) for k, v in kwargs.items()})
+        outs = out if isinstance(out, (list, tuple)) else (out,)
+        return tuple(like(o) if isinstance(o, torch.Tensor) else None for o in outs)
 
     def keeps_channels_last(self, func, args, kwargs=None) -> bool | None:
         """Whether ``func``'s first 4-D/5-D result is channels_last (an ambiguous one counts as
@@ -163,6 +251,34 @@ class KernelProbe:
 
     def __len__(self) -> int:
         return len(self._answers)
+
+
+def _layouts(args):
+    for a in args:
+        if _is_layout(a):
+            yield a
+        elif isinstance(a, (list, tuple)):
+            yield from (x for x in a if _is_layout(x))
+
+
+def _widen(got: tuple, out_shapes, n: int) -> tuple | None:
+    """Results asked at a cut batch, laid over the full sizes (None: they do not fit them)."""
+    if len(got) != len(out_shapes):
+        return None
+    wide = []
+    for t, shape in zip(got, out_shapes):
+        if t is None or shape is None:
+            wide.append(t if shape is None else None)
+            continue
+        shape = tuple(shape)
+        expect = (SHRUNK_BATCH, *shape[1:]) if shape and shape[0] == n else shape
+        if t.shape != expect:
+            return None
+        order = _order(t)
+        if order is None:
+            return None
+        wide.append(Like(shape, _dense(shape, order), t.dtype))
+    return tuple(wide)
 
 
 #: The probe every audit shares: an answer is the same for the whole process (its key holds the
