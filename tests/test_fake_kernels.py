@@ -104,6 +104,26 @@ def test_the_probe_asks_each_signature_once():
     assert fresh.asked == 2
 
 
+def test_a_large_op_is_asked_at_a_cut_batch(monkeypatch):
+    """Over the byte limit the batch is cut to two (group_norm's N with it) and the results'
+    order of dimensions is laid over the full sizes: the full batch's real strides."""
+    from auditor._recording import _probe
+
+    monkeypatch.setattr(_probe, "EXACT_BYTES", 0)
+    gn = torch.ops.aten.native_group_norm.default
+    for func, args in [(torch.ops.aten.channel_shuffle.default,
+                        (torch.randn(64, 8, 6, 6).to(memory_format=torch.channels_last), 2)),
+                       (gn, (torch.randn(64, 8, 5, 5).to(memory_format=torch.channels_last), torch.ones(8),
+                             torch.zeros(8), 64, 8, 25, 2, 1e-5)),
+                       (torch.ops.aten.add.Tensor, (torch.randn(64, 8, 5, 5).to(memory_format=torch.channels_last),
+                                                    torch.randn(64, 8, 1, 1)))]:
+        real = func(*args)
+        real = real if isinstance(real, tuple) else (real,)
+        probe = KernelProbe()
+        got = probe.results(func, args, out_shapes=[tuple(r.shape) for r in real])
+        assert [g.stride for g in got] == [r.stride() for r in real], func
+
+
 def test_keeps_channels_last_answers_from_layouts_alone():
     """The analysis's question, asked with layouts from a log (no tensors): does the op keep
     channels_last when its image inputs are channels_last, on this machine."""
