@@ -37,6 +37,10 @@ class Audit:
         threads: the intra-op threads the recorded step's times were taken at: 1 for a timed
             :func:`auditor.audit` (as ``Fixes.verify`` times), None where the audit did not set
             it (a ``FormatAuditor`` runs at the caller's count, an untimed audit, a log read back).
+        kernels: for a fake audit, per op whose results' strides a kernel chooses, how the audit
+            knew them: asked of this machine's real kernel (CPU targets), the table of a device's
+            known kernels, or not checked (``checked``), with ``calls`` and ``relaid`` (results
+            laid out otherwise than the meta kernel did). None for a real audit.
         compiled: what Inductor lowered, for an audit made with ``compile=True``
             (:class:`CompiledStep`: ``conversions()``, ``graphs()``, ``kernels()``,
             ``to_csv()``); ``events`` and the causes are then the eager step's. None for an
