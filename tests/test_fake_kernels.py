@@ -279,3 +279,27 @@ def test_a_probe_that_cannot_run_leaves_the_meta_format_and_warns(monkeypatch):
         a = auditor.audit(model, x, fake=True, device="cpu")
     assert any("could not be asked" in str(w.message) for w in seen)
     assert a.complete
+
+
+@needs_fake_cuda
+def test_a_fake_cuda_audit_names_the_ops_it_could_not_check():
+    """No GPU here: the table's ops are laid out by it, and every other op the CPU audit would
+    have asked is listed as not checked, in Audit.kernels and in the report's head."""
+    model = _Then(nn.GroupNorm(2, 4))
+    a = auditor.audit(model, _x(), fake=True, device="cuda")
+    checked = dict(zip(a.kernels["op"], a.kernels["checked"]))
+    assert checked["aten.native_group_norm.default"] == "table"
+    assert checked["aten.convolution.default"] == "not checked"
+    assert "kernel" not in checked.values()
+    head = a.report().split("Hotspots:")[0]
+    assert "not checked" in head and "aten.convolution.default" in head, head
+
+
+def test_a_fake_cpu_audit_says_it_asked_the_kernels():
+    model, x = case("channel_shuffle_op")
+    a = auditor.audit(model, x, fake=True, device="cpu")
+    assert set(a.kernels["checked"]) == {"kernel"}
+    assert a.kernels.set_index("op").at["aten.channel_shuffle.default", "relaid"] == 2
+    assert "asked of this machine's kernels" in a.report()
+    real = auditor.audit(*case("channel_shuffle_op"), record_time=False)
+    assert real.kernels is None
