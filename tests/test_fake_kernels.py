@@ -15,7 +15,7 @@ import auditor
 import auditor._fake as fake_module
 from auditor._recording import _kernels
 from auditor._recording._kernels import CORRECTIONS, Correction, corrections_for
-from auditor._recording._probe import KernelProbe, Like
+from auditor._recording._probe import KernelProbe, Like, all_channels_last
 from auditor._recording._torch import _release
 from tests.kernels import needs_fake_cuda
 from tests.op_corpus import OPS, case, disagreement
@@ -137,6 +137,12 @@ def test_keeps_channels_last_answers_from_layouts_alone():
         real = real[0] if isinstance(real, tuple) else real
         assert probe.keeps_channels_last(func, args) == real.is_contiguous(memory_format=torch.channels_last), func
     assert probe.keeps_channels_last(torch.ops.aten.mean.dim, (cl, [2, 3])) is None
+    # a join of mixed formats: asked with every image input channels_last, the op keeps it
+    mixed = (torch.empty(2, 8, 6, 6).to(memory_format=torch.channels_last), torch.empty(2, 8, 6, 6))
+    cat = torch.ops.aten.cat.default
+    assert probe.keeps_channels_last(cat, ([*mixed], 1)) is cat(list(mixed), 1).is_contiguous(
+        memory_format=torch.channels_last)
+    assert probe.keeps_channels_last(cat, all_channels_last([[*mixed], 1])) is True
 
 
 def test_views_and_in_place_ops_are_never_asked():

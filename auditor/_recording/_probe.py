@@ -93,6 +93,23 @@ def tensor_args(args) -> list:
     return found
 
 
+def all_channels_last(args) -> list:
+    """``args`` with every 4-D/5-D tensor argument (one level into lists) as a dense
+    channels_last (3d) :class:`Like` of its sizes and dtype: the arguments to ask
+    :meth:`KernelProbe.keeps_channels_last` whether an op has a channels_last kernel, as opposed
+    to losing the format because its inputs disagree."""
+    def one(a):
+        if _is_layout(a):
+            t = like(a)
+            if len(t.shape) in _FORMATS:
+                return Like(t.shape, _dense(t.shape, [0, *range(2, len(t.shape)), 1]), t.dtype)
+            return a
+        if isinstance(a, (list, tuple)) and any(_is_layout(x) for x in a):
+            return type(a)(one(x) for x in a)
+        return a
+    return [one(a) for a in args]
+
+
 def _dense_in(t: Like, fmt) -> bool:
     n = len(t.shape)
     order = [0, *range(2, n), 1] if fmt is not torch.contiguous_format else list(range(n))
