@@ -9,6 +9,7 @@ does the same on a GPU).
 
 from __future__ import annotations
 
+import ast
 import collections
 from collections.abc import Callable
 
@@ -170,9 +171,10 @@ def disagreement(real, fake) -> list[str]:
 
 
 def kernel_formats(audit) -> dict[str, collections.Counter]:
-    """Per phase, how many times each (op, strides of its results) occurs, over the ops whose
-    results' strides a kernel chooses: ops that write new tensors (no view, no in-place or out=
-    op: their strides follow their arguments'), with a result of 3 or more dimensions. Autograd
+    """Per phase, how many times each (op, strides of its results but on dimensions of size 1)
+    occurs, over the ops whose results' strides a kernel chooses: ops that write new tensors (no
+    view, no in-place or out= op: their strides follow their arguments'), with a result of 3 or
+    more dimensions. Autograd
     replays an in-place write into a view differently for fake tensors (an ``alias`` and
     ``as_strided_`` where real tensors get ``as_strided`` and ``copy_``); those views and writes
     are left out, the kernels' results are all compared."""
@@ -182,7 +184,7 @@ def kernel_formats(audit) -> dict[str, collections.Counter]:
     out = t[t["role"] == "output"]
     results: dict[int, list] = collections.defaultdict(list)
     for seq, shape, strides in zip(out["seq"].to_numpy(), out["shape"].astype(str), out["strides"].astype(str)):
-        results[int(seq)].append((shape, strides))
+        results[int(seq)].append((shape, _addressing(shape, strides)))
     ops = {str(op): op for op in _overloads(audit)}
     seen: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     ev = audit.events
@@ -192,6 +194,18 @@ def kernel_formats(audit) -> dict[str, collections.Counter]:
             continue
         seen[phase][(op, res)] += 1
     return dict(seen)
+
+
+def _addressing(shape: str, strides: str) -> str:
+    """The strides of the dimensions that address memory: a dimension of size 1 has none (its
+    stride, which eager and meta kernels set differently, is shown as ``*``)."""
+    try:
+        sizes, steps = ast.literal_eval(shape), ast.literal_eval(strides)
+    except (ValueError, SyntaxError):
+        return strides
+    if not isinstance(sizes, tuple) or not isinstance(steps, tuple):
+        return strides
+    return str(tuple("*" if n == 1 else s for n, s in zip(sizes, steps)))
 
 
 def _overloads(audit):
