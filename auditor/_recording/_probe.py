@@ -8,12 +8,15 @@ running the op once on real CPU tensors laid out like the arguments (same sizes,
 dtypes, values random; the non-tensor arguments as given) and reading its results' strides.
 Answers are cached per (overload, signature), and the signature holds what a kernel can decide
 on: each tensor's dtype, sizes and strides, every other argument, the intra-op thread count and
-whether oneDNN is enabled. Sizes are kept whole, not shrunk: which kernel runs, and so which
-format it writes, can depend on them (a convolution picks oneDNN or the native kernel from its
-batch, its numel, its kernel size and the thread count: aten/src/ATen/native/ConvUtils.h), and
-an answer for other sizes would be another kernel's. A model's repeated blocks share signatures,
-so a step is asked far fewer questions than it runs ops; each one allocates only that op's
-arguments and results, freed at once.
+whether oneDNN is enabled. Sizes are kept: which kernel runs, and so which format it writes,
+can depend on them (a convolution picks oneDNN or the native kernel from its batch, its numel,
+its kernel size and the thread count: aten/src/ATen/native/ConvUtils.h), and an answer for
+other sizes could be another kernel's. Only an op whose arguments exceed :data:`EXACT_BYTES`
+(a large batch, which a fake audit never allocates) is asked with its batch cut to
+:data:`SHRUNK_BATCH`, its results checked against the sizes they must have and their order of
+dimensions laid over the full sizes. A model's repeated blocks share signatures, so a step is
+asked far fewer questions than it runs ops; each one allocates only that op's arguments and
+results, freed at once.
 
 Arguments are tensors (real, fake or meta: only their layout is read) or :class:`Like`, a
 layout without a tensor (what an event log holds). Only CPU kernels can be asked: they are the
@@ -26,7 +29,7 @@ from typing import NamedTuple
 
 import torch
 
-from ._torch import unset_fake_temporarily
+from ._torch import op_schema, unset_fake_temporarily
 
 _FORMATS = {4: torch.channels_last, 5: torch.channels_last_3d}
 
@@ -73,7 +76,10 @@ def returns_fresh(func) -> bool:
     strides of the kernel's choosing; a view's follow its input's, by definition."""
     hit = _FRESH.get(func)
     if hit is None:
-        schema = getattr(func, "_schema", None)
+        try:
+            schema = op_schema(func)
+        except AttributeError:  # not an op overload
+            schema = None
         hit = schema is not None and bool(schema.returns) and all(r.alias_info is None for r in schema.returns)
         _FRESH[func] = hit
     return hit
