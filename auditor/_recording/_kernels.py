@@ -8,9 +8,10 @@ backward, ``roll`` and ``channel_shuffle`` keep channels_last while their meta r
 contiguous; on CUDA ``grid_sample`` writes contiguous while its meta rule keeps the input's
 format.
 
-* CPU targets: the kernels are on this machine, so every op that writes new tensors, reads a
-  4-D/5-D argument that is not plain contiguous and returns a 4-D/5-D result is asked of the real
-  kernel (:mod:`._probe`: once per overload and signature, on real tensors laid out like its
+* CPU targets: the kernels are on this machine, so every op that writes new tensors, reads an
+  argument of 3 or more dimensions that is not plain row-major (a channels_last map, an ambiguous
+  N x C x 1 x 1 one, a view, transposed tokens) and returns a result of 3 or more dimensions is
+  asked of the real kernel (:mod:`._probe`: once per overload and signature, on real tensors laid out like its
   arguments), and its results get the real kernel's strides. No table: the running torch says
   what its kernels do, whatever the op and the release.
 * CUDA targets (no GPU here): a table of :class:`Correction` entries, each naming the ops it
@@ -224,10 +225,10 @@ class Restrider(TorchDispatchMode):
     """Between the fake mode and the recorder: gives the recorder results laid out as the target's
     real kernels write them.
 
-    With ``probe`` (a CPU target), every op :func:`worth_asking` with a 4-D/5-D result is asked
-    of the real kernel, and a result whose strides differ from the real one's is re-laid out;
-    ``probed`` counts the ops asked, ``changed`` the ops (by name) whose results it re-laid out,
-    ``failed`` the ops whose kernel could not be asked (the meta kernel's strides are kept,
+    With ``probe`` (a CPU target), every op :func:`worth_asking` with a result of 3 or more
+    dimensions is asked of the real kernel, and a result whose strides differ from the real
+    one's is re-laid out; ``asked`` counts the calls asked per op, ``changed`` the calls (per
+    op) whose results it re-laid out, ``failed`` the ops whose kernel could not be asked (the meta kernel's strides are kept,
     warned once per op). Without it, ``corrections`` (the device's table) are applied:
     ``applied`` counts (correction, op) pairs that changed a result, ``unknown`` names the
     entries whose answer this machine cannot know (warned once each), and ``unchecked`` counts
@@ -242,7 +243,6 @@ class Restrider(TorchDispatchMode):
                 self.table.setdefault(op, []).append(c)
         self.applied: dict[tuple[str, str], int] = {}
         self.unknown: set[str] = set()
-        self.probed = 0
         self.asked: dict[str, int] = {}  # op -> calls asked of the real kernel
         self.changed: dict[str, int] = {}
         self.failed: dict[str, str] = {}
@@ -277,7 +277,6 @@ class Restrider(TorchDispatchMode):
         return out
 
     def _asked(self, func, args, kwargs, out):
-        self.probed += 1
         name = str(func)
         self.asked[name] = self.asked.get(name, 0) + 1
         try:
@@ -324,10 +323,6 @@ class Restrider(TorchDispatchMode):
         frame = pd.DataFrame(rows, columns=["op", "device", "checked", "calls", "relaid", "reason"])
         frame["calls"] = frame["calls"].astype("Int64")
         return frame.sort_values(["checked", "op"], kind="stable").reset_index(drop=True)
-
-    @property
-    def unchecked_ops(self) -> list[str]:
-        return sorted(self.unchecked, key=lambda op: -self.unchecked[op])
 
     def _restride(self, c: Correction, func, out, writes: str):
         single = not isinstance(out, (list, tuple))
