@@ -22,7 +22,7 @@ import contextlib
 
 import torch
 
-from ._recording._kernels import Restrider, corrections_for
+from ._recording._kernels import restrider_for
 from ._recording._torch import (
     FakeTensor,
     FakeTensorMode,
@@ -242,9 +242,9 @@ def fake_audit(step: Step, *, device=None, dtype=None, strict: bool = False, rec
     fake_opt = _fake_optimizer(optimizer, faker, fakes) if optimizer is not None else None
 
     shim = _DeviceShim(hide=target.type in _ACCELERATORS)
-    # below the recorder: results re-laid out where the target's kernel writes another format
-    # than the meta kernel (the correction table, _recording/_kernels.py)
-    restrider = Restrider(corrections_for(target.type))
+    # below the recorder: results re-laid out where the target's kernel writes other strides than
+    # the meta kernel (asked of the real kernel on CPU, the table on CUDA: _recording/_kernels.py)
+    restrider = restrider_for(target.type)
     with mode:
         accumulators = _gradient_accumulators(faker, shim)
         # fake kernels compute nothing: there is no time to record
@@ -256,7 +256,7 @@ def fake_audit(step: Step, *, device=None, dtype=None, strict: bool = False, rec
                 if fake_opt is not None:
                     fake_opt.step()
     del accumulators
-    return fa.audit
+    return fa.audit._with(kernels=restrider.checks(target.type))
 
 
 def _gradient_accumulators(faker: _Faker, shim: _DeviceShim) -> list:

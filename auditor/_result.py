@@ -37,17 +37,22 @@ class Audit:
         threads: the intra-op threads the recorded step's times were taken at: 1 for a timed
             :func:`auditor.audit` (as ``Fixes.verify`` times), None where the audit did not set
             it (a ``FormatAuditor`` runs at the caller's count, an untimed audit, a log read back).
+        kernels: for a fake audit, per op whose results' strides a kernel chooses, how the audit
+            knew them: asked of this machine's real kernel (CPU targets), the table of a device's
+            known kernels, or not checked (``checked``), with ``calls`` and ``relaid`` (results
+            laid out otherwise than the meta kernel did). None for a real audit.
         compiled: what Inductor lowered, for an audit made with ``compile=True``
             (:class:`CompiledStep`: ``conversions()``, ``graphs()``, ``kernels()``,
             ``to_csv()``); ``events`` and the causes are then the eager step's. None for an
             eager audit.
     """
 
-    __slots__ = ("_events", "_tensors", "_hidden", "_complete", "_error", "_warmup", "_compiled", "_threads", "_analysis")
+    __slots__ = ("_events", "_tensors", "_hidden", "_complete", "_error", "_warmup", "_compiled", "_threads", "_kernels",
+                 "_analysis")
 
     def __init__(self, events: pd.DataFrame, tensors: pd.DataFrame, *, complete: bool = True, error: str = "",
                  hidden: pd.DataFrame | None = None, warmup: int | None = None, compiled: CompiledStep | None = None,
-                 threads: int | None = None):
+                 threads: int | None = None, kernels: pd.DataFrame | None = None):
         self._events = events
         self._tensors = tensors
         self._hidden = hidden if hidden is not None else log.hidden_frame()
@@ -56,6 +61,7 @@ class Audit:
         self._warmup = warmup
         self._compiled = compiled
         self._threads = threads
+        self._kernels = kernels
         self._analysis: Analysis | None = None
 
     events = property(lambda self: self._events, doc="One row per aten op call (schema: the docs, 'The event log').")
@@ -71,6 +77,10 @@ class Audit:
                        doc="The intra-op threads the step's times were taken at (None: not set by the audit).")
     compiled = property(lambda self: self._compiled,
                         doc="What Inductor lowered (a ``CompiledStep``) for a compiled audit, else None.")
+    kernels = property(lambda self: self._kernels,
+                       doc="For a fake audit: per op whose results' strides are the target kernel's choice, how "
+                           "they were known (``checked``: ``kernel``, asked of the real kernel here; ``table``; "
+                           "``not checked``; ``not asked``), with ``calls`` and ``relaid``. None for a real audit.")
 
     @classmethod
     def from_raw(cls, raw: RawLog, *, warmup: int | None = None, compiled: CompiledStep | None = None) -> Audit:
@@ -80,11 +90,11 @@ class Audit:
                    warmup=warmup, compiled=compiled)
 
     def _with(self, *, warmup: int | None = None, compiled: CompiledStep | None = None,
-              threads: int | None = None) -> Audit:
+              threads: int | None = None, kernels: pd.DataFrame | None = None) -> Audit:
         """This log as a new Audit that also knows its warm-up, thread count and compiled step:
         how a step's recording (:mod:`auditor._session`) is finished by the one who ran the step."""
         return Audit(self._events, self._tensors, complete=self._complete, error=self._error, hidden=self._hidden,
-                     warmup=warmup, compiled=compiled, threads=threads)
+                     warmup=warmup, compiled=compiled, threads=threads, kernels=kernels)
 
     # -- persistence -----------------------------------------------------------------------
     def to_csv(self, path_or_buf=None):
@@ -162,7 +172,8 @@ class Audit:
         shown beside the estimates."""
         depth = trunk_depth(self.ops()) if depth is None else depth
         text = audit_report(self.ops(), self.hotspots(), self.summary(depth), self.causes(), complete=self.complete,
-                            error=self.error, top=top, depth=depth, verified=verification, threads=self.threads)
+                            error=self.error, top=top, depth=depth, verified=verification, threads=self.threads,
+                            kernels=self.kernels)
         if self.compiled is not None:
             text += "\n\n" + compiled_text(*compiled_report_tables(self.compiled, self.causes()), top=top)
         return text
@@ -173,7 +184,8 @@ class Audit:
         ``depth`` as in :meth:`report`."""
         depth = trunk_depth(self.ops()) if depth is None else depth
         html = audit_html(self.ops(), self.hotspots(), self.summary(depth), self.causes(), complete=self.complete,
-                          error=self.error, top=top, depth=depth, verified=verification, threads=self.threads)
+                          error=self.error, top=top, depth=depth, verified=verification, threads=self.threads,
+                          kernels=self.kernels)
         if self.compiled is not None:
             html += compiled_html(*compiled_report_tables(self.compiled, self.causes()), top=top)
         return html

@@ -10,9 +10,18 @@ torch's lazy imports and fake-kernel caches, the second shows the steady cost.
     python benchmarks/fake_scale.py                  # batch 1 vs 4096, 5 runs each
     python benchmarks/fake_scale.py --runs 3 --batch 1024
     python benchmarks/fake_scale.py --device cuda      # the same for a cuda target
+    python benchmarks/fake_scale.py --probe-cost resnet18,efficientnet_b0   # what asking the kernels costs
 
 Targets: batch 4096 in under 3 s (first call, median), under 2 GB peak RSS (worst run), and
 batch 4096 at most 1.5x the time of batch 1 (second calls, medians, measured in this run).
+
+``--probe-cost``: what a fake CPU audit pays for asking the real kernels (``auditor/_recording/
+_probe.py``), on zoo models (``tests/zoo_patches.py``: its inputs, channels_last) or torchvision
+builders (1x3x224x224): the audit with the meta kernels' strides only (as before the probe),
+with every signature asked afresh (a fresh probe each call: the first audit of a model in a
+process), and with the answers cached (a second audit). One thread, process CPU time, rounds in
+alternating order, paired ratios to the meta-only audit with their interval
+(``auditor/_measure/_harness.time_interleaved``).
 """
 
 from __future__ import annotations
@@ -69,6 +78,67 @@ def measure(batch: int, size: int, repeats: int, device: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def probe_cost(names: list[str], repeats: int) -> None:
+    """Paired ratios of fake CPU audits with and without asking the real kernels."""
+    import warnings
+    from pathlib import Path
+
+    import torch
+
+    warnings.filterwarnings("ignore", category=UserWarning)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from zoo_patches import HYBRIDS, ZOO
+
+    zoo = {z.name: z for z in ZOO + HYBRIDS}
+    print(f"torch {torch.__version__}; fake CPU audit, forward + backward; {repeats} rounds, one thread, "
+          "process CPU time; ratio: paired, to the meta-only audit, [95% interval]\n")
+    print("| model | input | ops | signatures asked | meta only | asked afresh | answers cached |")
+    print("|---|---|---|---|---|---|---|")
+    for name in names:
+        print(_probe_row(name, zoo, repeats), flush=True)
+
+
+def _probe_row(name: str, zoo: dict, repeats: int) -> str:
+    import torch
+    import torchvision
+
+    import auditor
+    import auditor._fake as fake_module
+    from auditor._measure._harness import time_interleaved
+    from auditor._recording import _kernels
+    from auditor._recording._probe import KernelProbe
+
+    if name in zoo:
+        model, inputs = zoo[name].make()
+    else:
+        model = getattr(torchvision.models, name)(weights=None).to(memory_format=torch.channels_last)
+        inputs = (torch.randn(1, 3, 224, 224).contiguous(memory_format=torch.channels_last),)
+    cached = KernelProbe()
+    restriders = {
+        "meta only": lambda device_type: _kernels.Restrider(),
+        "asked afresh": lambda device_type: _kernels.Restrider(probe=KernelProbe()),
+        "answers cached": lambda device_type: _kernels.Restrider(probe=cached),
+    }
+    counted = {}
+
+    def audit(kind):
+        def run():
+            fake_module.restrider_for = restriders[kind]
+            a = auditor.audit(model, *inputs, fake=True, device="cpu", record_source=False)
+            counted["ops"] = len(a.events)
+        return run
+
+    try:
+        frame = time_interleaved({k: audit(k) for k in restriders}, repeats=repeats)
+    finally:
+        fake_module.restrider_for = _kernels.restrider_for
+    cells = [f"{frame.at[k, 'us'] / 1e6:.2f} s" + ("" if k == "meta only" else
+             f" ({frame.at[k, 'ratio']:.2f}x [{frame.at[k, 'ratio_low']:.2f}, {frame.at[k, 'ratio_high']:.2f}])")
+             for k in restriders]
+    shape = "x".join(str(n) for n in inputs[0].shape)
+    return f"| {name} | {shape} | {counted['ops']} | {len(cached)} | " + " | ".join(cells) + " |"
+
+
 def gb(n: float) -> str:
     return f"{n / 1024**3:.2f} GB"
 
@@ -80,8 +150,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=5, help="subprocesses per batch size")
     parser.add_argument("--repeats", type=int, default=2, help="audits per subprocess")
     parser.add_argument("--device", default="cpu", help="the fake audit's target (cpu or cuda)")
+    parser.add_argument("--probe-cost", default="", metavar="MODELS",
+                        help="comma-separated zoo models or torchvision builders: time fake CPU audits with and "
+                             "without asking the real kernels, and stop")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.probe_cost:
+        probe_cost(args.probe_cost.split(","), max(args.runs, 7))
+        return 0
     if args.child:
         child(args.batch, args.size, args.repeats, args.device)
         return 0

@@ -9,6 +9,7 @@ does the same on a GPU).
 
 from __future__ import annotations
 
+import ast
 import collections
 from collections.abc import Callable
 
@@ -85,6 +86,7 @@ OPS: dict[str, Callable] = {
     "flip_h": lambda x, m: torch.flip(x, (2,)),
     "channel_shuffle": lambda x, m: _channel_shuffle(x),
     "channel_shuffle_contiguous": lambda x, m: _channel_shuffle_contiguous(x),
+    "channel_shuffle_op": lambda x, m: F.channel_shuffle(x, 2),  # nn.ChannelShuffle: one aten op
     "pixel_shuffle": lambda x, m: F.pixel_shuffle(x, 2),
     "pixel_unshuffle": lambda x, m: F.pixel_unshuffle(x, 2),
     "cat_channels": lambda x, m: torch.cat([x, x * 2], 1),
@@ -160,6 +162,62 @@ def output_formats(audit) -> dict[str, collections.Counter]:
 def disagreement(real, fake) -> list[str]:
     """What differs between two audits' output formats (empty: they agree)."""
     a, b = output_formats(real), output_formats(fake)
+    out = []
+    for phase in sorted(set(a) | set(b)):
+        ra, fb = a.get(phase, collections.Counter()), b.get(phase, collections.Counter())
+        out += [f"{phase}: real only {k} x{n}" for k, n in (ra - fb).items()]
+        out += [f"{phase}: fake only {k} x{n}" for k, n in (fb - ra).items()]
+    return out
+
+
+def kernel_formats(audit) -> dict[str, collections.Counter]:
+    """Per phase, how many times each (op, strides of its results but on dimensions of size 1)
+    occurs, over the ops whose results' strides a kernel chooses: ops that write new tensors (no
+    view, no in-place or out= op: their strides follow their arguments'), with a result of 3 or
+    more dimensions. Autograd
+    replays an in-place write into a view differently for fake tensors (an ``alias`` and
+    ``as_strided_`` where real tensors get ``as_strided`` and ``copy_``); those views and writes
+    are left out, the kernels' results are all compared."""
+    from auditor._recording._probe import returns_fresh
+
+    t = audit.tensors
+    out = t[t["role"] == "output"]
+    results: dict[int, list] = collections.defaultdict(list)
+    for seq, shape, strides in zip(out["seq"].to_numpy(), out["shape"].astype(str), out["strides"].astype(str)):
+        results[int(seq)].append((shape, _addressing(shape, strides)))
+    ops = {str(op): op for op in _overloads(audit)}
+    seen: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    ev = audit.events
+    for seq, op, phase in zip(ev["seq"].to_numpy(), ev["op"].astype(str), ev["phase"].astype(str)):
+        res = tuple(results.get(int(seq), ()))
+        if not returns_fresh(ops[op]) or not any(shape.count(",") >= 2 for shape, _ in res):
+            continue
+        seen[phase][(op, res)] += 1
+    return dict(seen)
+
+
+def _addressing(shape: str, strides: str) -> str:
+    """The strides of the dimensions that address memory: a dimension of size 1 has none (its
+    stride, which eager and meta kernels set differently, is shown as ``*``)."""
+    try:
+        sizes, steps = ast.literal_eval(shape), ast.literal_eval(strides)
+    except (ValueError, SyntaxError):
+        return strides
+    if not isinstance(sizes, tuple) or not isinstance(steps, tuple):
+        return strides
+    return str(tuple("*" if n == 1 else s for n, s in zip(sizes, steps)))
+
+
+def _overloads(audit):
+    for name in set(audit.events["op"].astype(str)):
+        packet, _, overload = name.rpartition(".")
+        ns, _, op = packet.partition(".")
+        yield getattr(getattr(getattr(torch.ops, ns), op), overload)
+
+
+def kernel_disagreement(real, fake) -> list[str]:
+    """What differs between two audits' kernel results (:func:`kernel_formats`; empty: they agree)."""
+    a, b = kernel_formats(real), kernel_formats(fake)
     out = []
     for phase in sorted(set(a) | set(b)):
         ra, fb = a.get(phase, collections.Counter()), b.get(phase, collections.Counter())

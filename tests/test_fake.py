@@ -244,6 +244,50 @@ def test_planted_models_fake_equals_real(name):
     assert fid.layout == fid.events
 
 
+# -- the zoo: every kernel's strides, fake against real -------------------------------------------
+
+from op_corpus import kernel_disagreement  # noqa: E402
+from zoo_patches import HYBRIDS, ZOO  # noqa: E402
+
+
+@pytest.mark.zoo
+@pytest.mark.parametrize("z", [pytest.param(z, id=z.name, marks=pytest.mark.slow if z.slow else ())
+                               for z in ZOO + HYBRIDS])
+def test_fake_cpu_audit_of_every_zoo_model_writes_what_the_real_kernels_write(z):
+    """Every zoo model, one training step at its zoo input: every result a kernel chose the
+    strides of (ops that write new tensors, 3 or more dimensions) has the same strides in the
+    fake audit as in the real one, forward and backward, and the two find the same causes and
+    the same hotspots among those ops. (Autograd replays an in-place write into a view
+    differently for fake tensors, so the real step's ``copy_`` of that replay has no fake twin:
+    in-place and view ops are compared through the causes.) A new op whose meta kernel
+    disagrees with this machine's kernel fails here unless the probe asks it."""
+    with z.threads_set():
+        model, inputs = z.make()
+        real = auditor.audit(model, *inputs, record_time=False, record_source=False)
+        model, inputs = z.make()
+        fake = auditor.audit(model, *inputs, fake=True, device="cpu", record_source=False)
+    assert kernel_disagreement(real, fake) == []
+    assert fake.kernels is not None and set(fake.kernels["checked"]) <= {"kernel"}, fake.kernels
+    causes = [sorted(map(tuple, a.causes()[["pattern", "phase", "op", "module"]].astype(str).values))
+              for a in (real, fake)]
+    assert causes[0] == causes[1]
+    hot = [_kernel_rows(a.hotspots()[["phase", "module", "op", "kind", "bytes"]]) for a in (real, fake)]
+    assert hot[0].equals(hot[1]), hot
+
+
+def _kernel_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    from auditor._recording._probe import returns_fresh
+
+    fresh = [returns_fresh(_overload(op)) for op in frame["op"].astype(str)]
+    return frame[fresh].reset_index(drop=True)
+
+
+def _overload(name: str):
+    packet, _, overload = name.rpartition(".")
+    ns, _, op = packet.partition(".")
+    return getattr(getattr(getattr(torch.ops, ns), op), overload)
+
+
 def test_fake_parameters_are_logged_as_parameters():
     model, x = make("clean")
     fake = auditor.audit(model, x, fake=True, record_source=False)

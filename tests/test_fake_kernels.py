@@ -1,5 +1,6 @@
-"""The correction table (auditor/_recording/_kernels.py): fake audits that log what the target's
-kernels write, checked against real CPU runs over the op corpus, entry by entry."""
+"""Fake audits that log what the target's kernels write (auditor/_recording/_kernels.py): on CPU
+asked of the real kernels (auditor/_recording/_probe.py) and checked against real CPU audits over
+the op corpus; on CUDA the table of known kernels, entry by entry."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import auditor
 import auditor._fake as fake_module
 from auditor._recording import _kernels
 from auditor._recording._kernels import CORRECTIONS, Correction, corrections_for
+from auditor._recording._probe import KernelProbe, Like, all_channels_last
 from auditor._recording._torch import _release
 from tests.kernels import needs_fake_cuda
 from tests.op_corpus import OPS, case, disagreement
@@ -38,48 +40,120 @@ def _only(entries):
     return lambda device_type, version=None: tuple(c for c in entries if c.device == device_type)
 
 
-def test_every_disagreement_without_the_table_is_an_op_the_table_corrects(monkeypatch):
-    """Without the table the fake audits differ from the real ones only in the ops of its CPU
-    entries; a new disagreement (a new torch, a new corpus case) fails here until it has an entry."""
-    monkeypatch.setattr(fake_module, "corrections_for", _only(()))
-    corrected = {str(op) for c in corrections_for("cpu") for op in c.ops}
-    uncorrected = []
-    for name in sorted(OPS):
-        for line in disagreement(*_audits(name)):
-            op = line.split("('", 1)[1].split("'", 1)[0]
-            if op not in corrected:
-                uncorrected.append((name, line))
-    assert uncorrected == []
+def _meta_only(monkeypatch):
+    """Fake CPU audits with the meta kernels' strides, the real kernels not asked."""
+    monkeypatch.setattr(_kernels, "restrider_for", lambda device_type: _kernels.Restrider())
+    monkeypatch.setattr(fake_module, "restrider_for", lambda device_type: _kernels.Restrider())
 
 
-#: CPU entry -> corpus cases whose ops it corrects
-CPU_CASES = {"group_norm_cpu": ["group_norm"], "pad_cpu": ["pad_reflect", "pad_replicate"],
-             "roll_cpu": ["roll_h", "roll_w", "roll_hw"]}
+#: cases whose fake audit disagrees with the real one when the real kernels are not asked, on
+#: torch 2.14.1's CPU (the meta rules write contiguous where the CPU kernels keep channels_last)
+MET_ON_2_14 = {"group_norm", "pad_reflect", "pad_replicate", "roll_h", "roll_w", "roll_hw", "channel_shuffle_op"}
 
 
-def test_every_cpu_entry_has_cases():
-    assert set(CPU_CASES) == {c.name for c in CORRECTIONS if c.device == "cpu"}
+def test_the_probe_is_what_makes_them_agree(monkeypatch):
+    """Without asking the real kernels, fake and real CPU audits disagree on this torch: the
+    agreement above is the probe's work, not the meta kernels'. Every case that disagrees then
+    is one the probe made agree, and channel_shuffle (one aten op with a meta rule that writes
+    contiguous) is among them, forward and backward."""
+    _meta_only(monkeypatch)
+    differ = {name: disagreement(*_audits(name)) for name in sorted(OPS)}
+    differ = {name: lines for name, lines in differ.items() if lines}
+    assert "channel_shuffle_op" in differ
+    phases = {line.split(":", 1)[0] for line in differ["channel_shuffle_op"]}
+    assert phases == {"forward", "backward"}, differ["channel_shuffle_op"]
+    if _release(torch.__version__) == (2, 14):
+        assert set(differ) == MET_ON_2_14, sorted(differ)
 
 
-@pytest.mark.parametrize("entry, name", [(e, n) for e, names in CPU_CASES.items() for n in names])
-def test_each_cpu_entry_alone_makes_its_cases_agree(entry, name, monkeypatch):
-    (c,) = [c for c in CORRECTIONS if c.name == entry]
-    monkeypatch.setattr(fake_module, "corrections_for", _only((c,)))
-    real, fake = _audits(name)
-    assert disagreement(real, fake) == []
-    assert {str(op) for op in c.ops} & set(fake.events["op"].astype(str)), "the case runs none of the entry's ops"
+def test_channel_shuffle_keeps_channels_last_in_a_fake_cpu_audit():
+    """F.channel_shuffle on a 2x8x6x6 channels_last map: the real CPU kernel's strides, which the
+    fake audit logs, forward and backward (the gradient it sends back)."""
+    x = torch.randn(2, 8, 6, 6).to(memory_format=torch.channels_last).requires_grad_()
+    y = F.channel_shuffle(x, 2)
+    (g,) = torch.autograd.grad(y, x, 2 * y)  # the gradient of (y * y).sum(): channels_last
+    fake = auditor.audit(lambda t: F.channel_shuffle(t, 2), x, fake=True, device="cpu",
+                         loss_fn=lambda y: (y * y).sum())
+    out = fake.tensors[fake.tensors["role"] == "output"]
+    ev = fake.events
+    seqs = ev.loc[ev["op"].astype(str) == "aten.channel_shuffle.default", "seq"]
+    strides = {s: out.loc[out["seq"] == s, "strides"].astype(str).tolist() for s in seqs}
+    assert str(y.stride()) in [v[0] for v in strides.values()], strides
+    assert len(seqs) == 2  # forward, and its backward (a channel_shuffle of the gradient)
+    assert [v[0] for v in strides.values()] == [str(y.stride()), str(g.stride())]
+    assert g.stride() == y.stride() == (288, 1, 48, 8)
 
 
-def test_the_probe_asks_the_real_kernel_on_a_shrunk_batch():
-    """group_norm's probe rewrites N with the batch it shrinks, and answers what the real kernel
-    writes for the full batch."""
-    x = torch.randn(16, 8, 5, 5).to(memory_format=torch.channels_last)
-    w, b = torch.ones(8), torch.zeros(8)
-    real = torch.ops.aten.native_group_norm.default(x, w, b, 16, 8, 25, 2, 1e-5)
-    assert _kernels.probe(torch.ops.aten.native_group_norm.default, (x, w, b, 16, 8, 25, 2, 1e-5), {})[0] == \
-        _kernels._format_of(real[0])
-    shrunk = _kernels._shrink_for(torch.ops.aten.native_group_norm.default, (x, w, b, 16, 8, 25, 2, 1e-5))
-    assert shrunk[3] == 1 and shrunk[0][1] == (1, 8, 5, 5)
+def test_the_probe_asks_each_signature_once():
+    """The answer is cached per (overload, signature): a second audit of the same step asks
+    nothing new, and the answers are the kernel's strides for those very arguments."""
+    probe = _kernels.SHARED_PROBE
+    model, x = case("channel_shuffle_op")
+    auditor.audit(model, x, fake=True, device="cpu")
+    asked = probe.asked
+    model, x = case("channel_shuffle_op")
+    auditor.audit(model, x, fake=True, device="cpu")
+    assert probe.asked == asked
+    fresh = KernelProbe()
+    y = torch.randn(2, 8, 6, 6).to(memory_format=torch.channels_last)
+    (got,) = fresh.results(torch.ops.aten.channel_shuffle.default, (y, 2))
+    assert got.stride == F.channel_shuffle(y, 2).stride() == (288, 1, 48, 8)
+    fresh.results(torch.ops.aten.channel_shuffle.default, (y.clone(), 2))
+    assert fresh.asked == 1
+    fresh.results(torch.ops.aten.channel_shuffle.default, (y.contiguous(), 2))
+    assert fresh.asked == 2
+
+
+def test_a_large_op_is_asked_at_a_cut_batch(monkeypatch):
+    """Over the byte limit the batch is cut to two (group_norm's N with it) and the results'
+    order of dimensions is laid over the full sizes: the full batch's real strides."""
+    from auditor._recording import _probe
+
+    monkeypatch.setattr(_probe, "EXACT_BYTES", 0)
+    gn = torch.ops.aten.native_group_norm.default
+    for func, args in [(torch.ops.aten.channel_shuffle.default,
+                        (torch.randn(64, 8, 6, 6).to(memory_format=torch.channels_last), 2)),
+                       (gn, (torch.randn(64, 8, 5, 5).to(memory_format=torch.channels_last), torch.ones(8),
+                             torch.zeros(8), 64, 8, 25, 2, 1e-5)),
+                       (torch.ops.aten.add.Tensor, (torch.randn(64, 8, 5, 5).to(memory_format=torch.channels_last),
+                                                    torch.randn(64, 8, 1, 1)))]:
+        real = func(*args)
+        real = real if isinstance(real, tuple) else (real,)
+        probe = KernelProbe()
+        got = probe.results(func, args, out_shapes=[tuple(r.shape) for r in real])
+        assert [g.stride for g in got] == [r.stride() for r in real], func
+
+
+def test_keeps_channels_last_answers_from_layouts_alone():
+    """The analysis's question, asked with layouts from a log (no tensors): does the op keep
+    channels_last when its image inputs are channels_last, on this machine."""
+    probe = KernelProbe()
+    cl = Like((2, 8, 6, 6), (288, 1, 48, 8), torch.float32)
+    for func, args in [(torch.ops.aten.channel_shuffle.default, (cl, 2)),
+                       (torch.ops.aten.relu.default, (cl,)),
+                       (torch.ops.aten.native_group_norm.default,
+                        (cl, Like((8,), (1,), torch.float32), Like((8,), (1,), torch.float32), 2, 8, 36, 2, 1e-5))]:
+        real = func(*[torch.randn(a.shape).as_strided(a.shape, a.stride) if isinstance(a, Like) else a for a in args])
+        real = real[0] if isinstance(real, tuple) else real
+        assert probe.keeps_channels_last(func, args) == real.is_contiguous(memory_format=torch.channels_last), func
+    assert probe.keeps_channels_last(torch.ops.aten.mean.dim, (cl, [2, 3])) is None
+    # a join of mixed formats: asked with every image input channels_last, the op keeps it
+    mixed = (torch.empty(2, 8, 6, 6).to(memory_format=torch.channels_last), torch.empty(2, 8, 6, 6))
+    cat = torch.ops.aten.cat.default
+    assert probe.keeps_channels_last(cat, ([*mixed], 1)) is cat(list(mixed), 1).is_contiguous(
+        memory_format=torch.channels_last)
+    assert probe.keeps_channels_last(cat, all_channels_last([[*mixed], 1])) is True
+
+
+def test_views_and_in_place_ops_are_never_asked():
+    """A view's strides follow its input's and an in-place op writes its argument: only ops
+    that write new tensors are asked."""
+    x = torch.empty(2, 8, 6, 6).to(memory_format=torch.channels_last)
+    assert not _kernels.worth_asking(torch.ops.aten.permute.default, (x, [0, 2, 3, 1]))
+    assert not _kernels.worth_asking(torch.ops.aten.add_.Tensor, (x, x))
+    assert _kernels.worth_asking(torch.ops.aten.add.Tensor, (x, x))
+    assert not _kernels.worth_asking(torch.ops.aten.add.Tensor, (x.contiguous(), x.contiguous()))
+    assert _kernels.worth_asking(torch.ops.aten.cat.default, ([x, x], 1))
 
 
 def test_entries_are_gated_by_release():
@@ -117,7 +191,7 @@ def _formats(model, x, entry: str | None, dtype=None):
     """op -> output formats in a fake cuda audit with only ``entry`` of the cuda table (None: none)."""
     entries = tuple(c for c in CORRECTIONS if c.name == entry)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(fake_module, "corrections_for", _only(entries))
+        mp.setattr(fake_module, "restrider_for", lambda device_type: _kernels.Restrider(_only(entries)(device_type)))
         a = auditor.audit(model, x, fake=True, device="cuda", dtype=dtype)
     out = {}
     for op, fmt in zip(a.events["op"].astype(str), a.events["out_format"].astype(str)):
@@ -202,12 +276,36 @@ def test_an_unknown_cudnn_is_said_not_guessed(monkeypatch):
 
 
 def test_a_probe_that_cannot_run_leaves_the_meta_format_and_warns(monkeypatch):
-    def refuse(func, args, kwargs):
+    def refuse(func, args, kwargs=None):
         raise RuntimeError("no")
-    monkeypatch.setattr(_kernels, "probe", refuse)
+    monkeypatch.setattr(_kernels.SHARED_PROBE, "results", refuse)
     model, x = case("group_norm")
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         a = auditor.audit(model, x, fake=True, device="cpu")
     assert any("could not be asked" in str(w.message) for w in seen)
     assert a.complete
+
+
+@needs_fake_cuda
+def test_a_fake_cuda_audit_names_the_ops_it_could_not_check():
+    """No GPU here: the table's ops are laid out by it, and every other op the CPU audit would
+    have asked is listed as not checked, in Audit.kernels and in the report's head."""
+    model = _Then(nn.GroupNorm(2, 4))
+    a = auditor.audit(model, _x(), fake=True, device="cuda")
+    checked = dict(zip(a.kernels["op"], a.kernels["checked"]))
+    assert checked["aten.native_group_norm.default"] == "table"
+    assert checked["aten.convolution.default"] == "not checked"
+    assert "kernel" not in checked.values()
+    head = a.report().split("Hotspots:")[0]
+    assert "not checked" in head and "aten.convolution.default" in head, head
+
+
+def test_a_fake_cpu_audit_says_it_asked_the_kernels():
+    model, x = case("channel_shuffle_op")
+    a = auditor.audit(model, x, fake=True, device="cpu")
+    assert set(a.kernels["checked"]) == {"kernel"}
+    assert a.kernels.set_index("op").at["aten.channel_shuffle.default", "relaid"] == 2
+    assert "asked of this machine's kernels" in a.report()
+    real = auditor.audit(*case("channel_shuffle_op"), record_time=False)
+    assert real.kernels is None

@@ -49,7 +49,8 @@ MODULE_COLUMNS = [
 
 def audit_report(ops: pd.DataFrame, hot: pd.DataFrame, summary: pd.DataFrame, causes: pd.DataFrame | None = None,
                  *, complete: bool = True, error: str = "", top: int = 10, depth: int = 1,
-                 verified: pd.DataFrame | None = None, threads: int | None = None) -> str:
+                 verified: pd.DataFrame | None = None, threads: int | None = None,
+                 kernels: pd.DataFrame | None = None) -> str:
     """Totals, the ``top`` causes with the hotspots they lead to, and the modules at ``depth``
     that cost most.
 
@@ -58,9 +59,10 @@ def audit_report(ops: pd.DataFrame, hot: pd.DataFrame, summary: pd.DataFrame, ca
     :func:`~auditor._analysis.cause_table` of one audit (without causes, the hotspot groups are
     listed on their own). ``verified``: ``Fixes.verify()``'s table, once the fixes were verified:
     each cause then leads with its measured saving, the estimate beside it. ``threads``: the
-    intra-op threads the times were taken at (``Audit.threads``), said in the head.
+    intra-op threads the times were taken at (``Audit.threads``), said in the head. ``kernels``:
+    a fake audit's ``Audit.kernels``, said in the head (:func:`kernel_lines`).
     """
-    lines = total_lines(ops, hot, causes, complete, error, threads=threads, verified=verified)
+    lines = total_lines(ops, hot, causes, complete, error, threads=threads, verified=verified, kernels=kernels)
     if len(hot):
         lines.append("")
         if causes is not None and len(causes):
@@ -93,17 +95,19 @@ def module_rows(summary: pd.DataFrame) -> tuple[pd.DataFrame, bool]:
 
 def total_lines(ops: pd.DataFrame, hot: pd.DataFrame, causes, complete: bool, error: str, *,
                 threads: int | None = None, verified: pd.DataFrame | None = None,
-                width: int | None = 114) -> list[str]:
+                kernels: pd.DataFrame | None = None, width: int | None = 114) -> list[str]:
     """The report's head: ops per phase and kind, hotspot totals, times (at ``threads``; with
-    ``verified``, the measured saving of all fixes first); the HTML shows it too, unwrapped
-    (``width=None``): long lines wrap at ``width`` in the text, never between a number and its
-    unit."""
+    ``verified``, the measured saving of all fixes first), and for a fake audit how its strides
+    were known (``kernels``); the HTML shows it too, unwrapped (``width=None``): long lines wrap
+    at ``width`` in the text, never between a number and its unit."""
     phases = ops["phase"].value_counts()
     lines = [
         f"Format audit: {len(ops)} aten ops "
         f"({phases.get('forward', 0)} forward, {phases.get('backward', 0)} backward, "
         f"{phases.get('other', 0)} other)" + ("" if complete else f"  [INCOMPLETE: {error}]"),
     ]
+    if kernels is not None:
+        lines.extend(kernel_lines(kernels))
     kinds = ops["kind"].value_counts()
     lines.append("  ops by kind: " + ", ".join(f"{k} {int(kinds.get(k, 0))}" + KIND_NOTES.get(k, "")
                                             for k in kinds.index if kinds.get(k, 0)))
@@ -132,6 +136,33 @@ def total_lines(ops: pd.DataFrame, hot: pd.DataFrame, causes, complete: bool, er
             f"  not between two convolutions (not hotspots): {len(off_path)} ops, "
             f"{format_bytes(off_path['bytes'].sum())}"
         )
+    return lines
+
+
+def kernel_lines(kernels: pd.DataFrame, most: int = 8) -> list[str]:
+    """A fake audit's strides: how many ops were asked of the real kernels, and the ops it could
+    not check (named, most frequent first)."""
+    if not len(kernels):
+        return []
+    device = str(kernels["device"].iloc[0])
+    lines = []
+    by = kernels.groupby("checked", observed=True)
+    asked = by.get_group("kernel") if "kernel" in by.groups else kernels.iloc[:0]
+    if len(asked):
+        lines.append(f"  fake audit on {device}: {len(asked)} ops' strides asked of this machine's kernels "
+                     f"({int(asked['calls'].sum())} calls, {int(asked['relaid'].sum())} results re-laid out "
+                     "where the meta kernel wrote other strides)")
+    table = by.get_group("table") if "table" in by.groups else kernels.iloc[:0]
+    if len(table):
+        lines.append(f"  fake audit on {device}: {len(table)} ops laid out by the table of {device}'s kernels "
+                     f"({', '.join(table['op'].astype(str))})")
+    for what, why in (("not asked", "its kernel raised on random values; meta kernel's strides"),
+                      ("not checked", f"meta kernel's strides, not checked against {device}'s kernels here")):
+        if what in by.groups:
+            rows = by.get_group(what).sort_values("calls", ascending=False)
+            names = [f"{op} x{int(n)}" for op, n in zip(rows["op"].astype(str), rows["calls"])]
+            more = f", and {len(names) - most} more (Audit.kernels)" if len(names) > most else ""
+            lines.append(f"  {what} ({why}): {len(rows)} ops: {', '.join(names[:most])}{more}")
     return lines
 
 

@@ -1,27 +1,29 @@
-"""Where a fake tensor's meta kernel writes another format than the device's real kernel: the
-correction table, per device, and the dispatch mode that applies it in fake audits.
+"""What a fake audit's results are laid out like: the real kernel's strides, asked of it where it
+is here (CPU), else the table of what a device's kernels are known to write (CUDA); and the
+dispatch mode that applies them.
 
 A fake audit sees the strides of the meta (and fake) kernels, which are written once for every
-device, and are sometimes wrong for one: on CPU ``native_group_norm`` keeps channels_last while
-its meta rule writes contiguous; on CUDA ``grid_sample`` writes contiguous while its meta rule
-keeps the input's format. Each :class:`Correction` names the ops it corrects, the device, the
-inputs it applies to (formats, dtype, rank), the torch releases it holds for where known, and
-its source (a kernel file or an issue of pytorch/pytorch, ``#N``). Models are never named.
+device, and are sometimes wrong for one: on CPU ``native_group_norm``, reflect/replicate pad's
+backward, ``roll`` and ``channel_shuffle`` keep channels_last while their meta rules write
+contiguous; on CUDA ``grid_sample`` writes contiguous while its meta rule keeps the input's
+format.
 
-Two kinds of answer:
-
-* ``probe``: the real kernel is on this machine (CPU targets), so it is asked: the op runs once
-  on small real tensors with the same formats, dtype and other arguments, and its output's
-  format is the answer (cached per op and signature). The table only says which ops are worth
-  asking; the running torch says what they do, whatever its release.
-* a fixed format (``contiguous``): for a device that is not here (CUDA), what its kernel is
-  known to write, from its source.
-
-Where the answer depends on what a fake audit cannot know (the target's cuDNN), the entry says
-``unknown``, and the audit warns instead of guessing.
+* CPU targets: the kernels are on this machine, so every op that writes new tensors, reads an
+  argument of 3 or more dimensions that is not plain row-major (a channels_last map, an ambiguous
+  N x C x 1 x 1 one, a view, transposed tokens) and returns a result of 3 or more dimensions is
+  asked of the real kernel (:mod:`._probe`: once per overload and signature, on real tensors laid out like its
+  arguments), and its results get the real kernel's strides. No table: the running torch says
+  what its kernels do, whatever the op and the release.
+* CUDA targets (no GPU here): a table of :class:`Correction` entries, each naming the ops it
+  corrects, the inputs it applies to (formats, dtype, rank), the torch releases it holds for
+  where known, and its source (a kernel file or an issue of pytorch/pytorch, ``#N``). Models are
+  never named. Where the answer depends on what a fake audit cannot know (the target's cuDNN),
+  the entry says ``unknown`` and the audit warns instead of guessing. The ops the probe would
+  have asked and no entry covers are the ones this audit could not check
+  (:attr:`Restrider.unchecked`); the report names them.
 
 :class:`Restrider` sits between ``FakeTensorMode`` and the recorder (entered before it, so
-below it): it runs the op, and where an entry applies it hands the recorder a fake result with
+below it): it runs the op, and where the answer differs it hands the recorder a fake result with
 the real kernel's strides (``torch.empty_strided`` under the fake mode: no data to move).
 """
 
@@ -31,15 +33,17 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import pandas as pd
 import torch
 
-from ._torch import TorchDispatchMode, _release, unset_fake_temporarily
+from ._probe import PROBE as SHARED_PROBE
+from ._probe import KernelProbe, returns_fresh, tensor_args
+from ._torch import TorchDispatchMode, _release
 
 aten = torch.ops.aten
 
 CONTIGUOUS = "contiguous"
 CHANNELS_LAST = "channels_last"
-PROBE = "probe"
 UNKNOWN = "unknown"
 
 _FORMATS = {4: torch.channels_last, 5: torch.channels_last_3d}
@@ -66,7 +70,7 @@ class Correction:
     name: str
     device: str  # "cpu" or "cuda"
     ops: tuple  # OpOverloads
-    writes: str  # PROBE, CONTIGUOUS or UNKNOWN
+    writes: str  # CONTIGUOUS, CHANNELS_LAST, UNKNOWN or "conv3d" (the local cuDNN decides)
     source: str  # kernel file or issue (#N: pytorch/pytorch)
     since: str | None = None  # first torch release it holds for ("2.8"), None: as far back as known
     until: str | None = None  # first release it no longer holds for, None: still holds / not known
@@ -120,24 +124,10 @@ _POOLS_3D = tuple(getattr(aten, n).default for n in (
     "adaptive_avg_pool3d", "_adaptive_avg_pool3d", "_adaptive_avg_pool3d_backward", "adaptive_max_pool3d",
     "adaptive_max_pool3d_backward", "max_unpool3d") if hasattr(aten, n))
 
-#: The table. CPU entries ask the running torch (PROBE); CUDA entries are what its kernels are
-#: known to write (../shared/cuda_channels_last_notes.md gathered the sources), each to be checked
-#: on a real GPU by benchmarks/gpu_truth.py.
+#: The table, for devices whose kernels are not here: what CUDA's kernels are known to write
+#: (../shared/cuda_channels_last_notes.md gathered the sources), each to be checked on a real GPU
+#: by benchmarks/gpu_truth.py. CPU kernels are asked instead (:mod:`._probe`).
 CORRECTIONS: tuple[Correction, ...] = (
-    # -- CPU: the meta rule writes contiguous where the CPU kernel keeps channels_last ---------
-    Correction("group_norm_cpu", "cpu", (aten.native_group_norm.default, aten.native_group_norm_backward.default),
-               PROBE, "aten/src/ATen/native/group_norm.cpp: is_cpu() ? suggest_memory_format() : Contiguous; "
-               "the meta rule (torch._refs.native_group_norm) writes contiguous",
-               when=channels_last_input),
-    Correction("pad_cpu", "cpu", tuple(getattr(aten, f"{kind}_pad{d}d{bwd}").default
-                                       for kind in ("reflection", "replication") for d in (1, 2, 3)
-                                       for bwd in ("", "_backward")),
-        PROBE, "meta kernels of reflection/replication pad disagree with eager: the forward's on torch 2.8 "
-        "(fixed by #179307, #179366), the backward's still on 2.14; the CPU kernels (ReflectionPad.cpp, "
-        "ReplicationPadding.cpp) keep the input's (grad_output's) format", when=channels_last_input),
-    Correction("roll_cpu", "cpu", (aten.roll.default,), PROBE,
-               "aten/src/ATen/native/TensorTransformations.cpp (roll_cpu: empty_like keeps the format); "
-               "the decomposition torch._refs.roll writes contiguous", when=channels_last_input),
     # -- CUDA: what torch's CUDA kernels write -------------------------------------------------
     Correction("group_norm_cuda", "cuda", (aten.native_group_norm.default, aten.native_group_norm_backward.default),
                CONTIGUOUS, "aten/src/ATen/native/group_norm.cpp: is_cpu() || is_privateuseone() ? suggest : "
@@ -184,9 +174,7 @@ def corrections_for(device_type: str, version: str | None = None) -> tuple[Corre
     return tuple(c for c in CORRECTIONS if c.device == device_type and c.holds_for(version))
 
 
-# -- asking the real CPU kernel ------------------------------------------------------------------
-
-_PROBED: dict[tuple, tuple] = {}  # (op, signature) -> per output: a format or None
+# -- applying the answers ------------------------------------------------------------------------
 
 
 def _format_of(t: torch.Tensor) -> str | None:
@@ -197,104 +185,6 @@ def _format_of(t: torch.Tensor) -> str | None:
     if t.is_contiguous(memory_format=_FORMATS[t.dim()]):
         return CHANNELS_LAST
     return None
-
-
-def _signature(args, kwargs) -> tuple:
-    def one(a):
-        if isinstance(a, torch.Tensor):
-            return ("T", tuple(a.shape), _format_of(a) or tuple(a.stride()), a.dtype)
-        if isinstance(a, (list, tuple)):
-            return tuple(one(x) for x in a)
-        return repr(a)
-    return tuple(one(a) for a in args), tuple((k, one(v)) for k, v in sorted(kwargs.items()))
-
-
-def _real_like(t: torch.Tensor) -> torch.Tensor:
-    """A real CPU tensor with ``t``'s shape, dtype and strides (random values where floating)."""
-    with unset_fake_temporarily():
-        if t.is_floating_point():
-            base = torch.randn(t.shape, dtype=t.dtype)
-        else:
-            base = torch.zeros(t.shape, dtype=t.dtype)
-        out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype)
-        return out.copy_(base) if out.numel() else out
-
-
-def _shrunk(args, kwargs) -> tuple[tuple, dict] | None:
-    """Smaller arguments with the same formats: the batch dimension of every 4-D/5-D tensor goes
-    to 1 where no integer argument names it (group_norm's N is rewritten with it)."""
-    tensors = [a for a in args if isinstance(a, torch.Tensor)]
-    if not tensors:
-        return None
-    n = tensors[0].shape[0] if tensors[0].dim() >= 3 else None
-    if n is None or n <= 1:
-        return args, kwargs
-
-    def fake_small(a):
-        if isinstance(a, torch.Tensor) and a.dim() in _FORMATS and a.shape[0] == n:
-            fmt = _FORMATS[a.dim()] if _format_of(a) == CHANNELS_LAST else torch.contiguous_format
-            return ("shrink", (1, *a.shape[1:]), fmt, a.dtype)
-        return a
-    return tuple(fake_small(a) for a in args), kwargs
-
-
-def probe(func, args, kwargs) -> tuple:
-    """The format of each 4-D/5-D result of ``func`` on real CPU tensors laid out like ``args``
-    (one probe per op and signature; the batch dimension shrunk where the op's integer
-    arguments allow)."""
-    key = (func, _signature(args, kwargs))
-    hit = _PROBED.get(key)
-    if hit is not None:
-        return hit
-    small = _shrink_for(func, args)
-
-    def real(a):
-        if isinstance(a, tuple) and len(a) == 4 and a[0] == "shrink":
-            with unset_fake_temporarily():
-                return torch.randn(a[1], dtype=a[3]).contiguous(memory_format=a[2]) if a[3].is_floating_point \
-                    else torch.zeros(a[1], dtype=a[3]).contiguous(memory_format=a[2])
-        if isinstance(a, torch.Tensor):
-            return _real_like(a)
-        if isinstance(a, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in a):
-            return type(a)(real(x) for x in a)
-        return a
-    with unset_fake_temporarily():
-        out = func(*[real(a) for a in small], **{k: real(v) for k, v in kwargs.items()})
-    outs = out if isinstance(out, (list, tuple)) else (out,)
-    answer = tuple(_format_of(o) if isinstance(o, torch.Tensor) else None for o in outs)
-    _PROBED[key] = answer
-    return answer
-
-
-def _shrink_for(func, args) -> tuple:
-    """Probe arguments: the batch shrunk to 1 for the ops whose integers do not depend on it,
-    and for group_norm with its N rewritten."""
-    if func in (aten.native_group_norm.default, aten.native_group_norm_backward.default):
-        return _shrink_group_norm(func, args)
-    shrunk = _shrunk(args, {})
-    return shrunk[0] if shrunk is not None else args
-
-
-def _shrink_group_norm(func, args) -> tuple:
-    # native_group_norm(input, weight, bias, N, C, HxW, group, eps)
-    # native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, group, mask)
-    n_at = 3 if func is aten.native_group_norm.default else 5
-    n = args[n_at]
-    if n <= 1:
-        return args
-    out = []
-    for i, a in enumerate(args):
-        if i == n_at:
-            out.append(1)
-        elif isinstance(a, torch.Tensor) and a.dim() >= 1 and a.shape[0] == n:
-            fmt = _FORMATS.get(a.dim()) if _format_of(a) == CHANNELS_LAST else torch.contiguous_format
-            out.append(("shrink", (1, *a.shape[1:]), fmt, a.dtype))
-        else:
-            out.append(a)
-    return tuple(out)
-
-
-# -- applying the table -------------------------------------------------------------------------
 
 
 def _dense_strides(shape, fmt: str) -> tuple[int, ...] | None:
@@ -312,30 +202,68 @@ def _dense_strides(shape, fmt: str) -> tuple[int, ...] | None:
     return tuple(strides)
 
 
-class Restrider(TorchDispatchMode):
-    """Between the fake mode and the recorder: re-lays out the results of the ops whose device
-    kernel writes another format than their meta kernel (``corrections``), so the recorder logs
-    what the real kernel writes. ``applied`` counts (correction, op) pairs that changed a result;
-    ``unknown`` names the entries whose answer this machine cannot know (warned once each)."""
+def worth_asking(func, args) -> bool:
+    """An op whose results' strides a device's kernel chooses (it writes new tensors), with an
+    argument of 3 or more dimensions that is not plain row-major: a channels_last map (an
+    ambiguous one too: N x C x 1 x 1 reads as both, and kernels pick either), a view of one, a
+    transposed token tensor. The ops a probe asks; an op whose arguments are all row-major
+    writes row-major results on every kernel the tests know."""
+    if not returns_fresh(func):
+        return False
+    return any(t.dim() >= 3 and (not t.is_contiguous() or
+                                 (t.dim() in _FORMATS and t.is_contiguous(memory_format=_FORMATS[t.dim()])))
+               for t in tensor_args(args))
 
-    def __init__(self, corrections: tuple[Correction, ...]):
+
+def _shaped_out(out) -> bool:
+    """A result of 3 or more dimensions: one whose strides are a layout."""
+    return any(isinstance(o, torch.Tensor) and o.dim() >= 3
+               for o in (out if isinstance(out, (list, tuple)) else (out,)))
+
+
+class Restrider(TorchDispatchMode):
+    """Between the fake mode and the recorder: gives the recorder results laid out as the target's
+    real kernels write them.
+
+    With ``probe`` (a CPU target), every op :func:`worth_asking` with a result of 3 or more
+    dimensions is asked of the real kernel, and a result whose strides differ from the real
+    one's is re-laid out; ``asked`` counts the calls asked per op, ``changed`` the calls (per
+    op) whose results it re-laid out, ``failed`` the ops whose kernel could not be asked (the meta kernel's strides are kept,
+    warned once per op). Without it, ``corrections`` (the device's table) are applied:
+    ``applied`` counts (correction, op) pairs that changed a result, ``unknown`` names the
+    entries whose answer this machine cannot know (warned once each), and ``unchecked`` counts
+    the ops a probe would have asked that no entry covers: what this audit could not check."""
+
+    def __init__(self, corrections: tuple[Correction, ...] = (), probe: KernelProbe | None = None):
         super().__init__()
+        self.probe = probe
         self.table: dict = {}
         for c in corrections:
             for op in c.ops:
                 self.table.setdefault(op, []).append(c)
         self.applied: dict[tuple[str, str], int] = {}
         self.unknown: set[str] = set()
+        self.asked: dict[str, int] = {}  # op -> calls asked of the real kernel
+        self.changed: dict[str, int] = {}
+        self.failed: dict[str, str] = {}
+        self.unchecked: dict[str, int] = {}
+        self.tabled: dict[str, int] = {}  # op -> calls a table entry applied to
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        entries = self.table.get(func)
-        if not entries:
+        if self.probe is not None:
+            if worth_asking(func, args) and _shaped_out(out):
+                return self._asked(func, args, kwargs, out)
             return out
+        entries = [c for c in self.table.get(func, ()) if c.applies(args, kwargs)]
+        if not entries:
+            if worth_asking(func, args) and _shaped_out(out):
+                name = str(func)
+                self.unchecked[name] = self.unchecked.get(name, 0) + 1
+            return out
+        self.tabled[str(func)] = self.tabled.get(str(func), 0) + 1
         for c in entries:
-            if not c.applies(args, kwargs):
-                continue
             writes = c.writes
             if writes == "conv3d":
                 writes = _conv3d_cuda_writes(args, kwargs)
@@ -345,33 +273,68 @@ class Restrider(TorchDispatchMode):
                     warnings.warn(f"fake audit: whether {c.name} keeps channels_last on the target cannot be "
                                   f"known here ({c.source}); the meta kernel's format is logged", stacklevel=2)
                 continue
-            wanted = None
-            if writes == PROBE:
-                try:
-                    wanted = probe(func, args, kwargs)
-                except Exception as exc:  # arguments a real tensor cannot copy (overlapping strides): say so
-                    if c.name not in self.unknown:
-                        self.unknown.add(c.name)
-                        warnings.warn(f"fake audit: the real kernel of {func} could not be asked ({exc}); the "
-                                      "meta kernel's format is logged", stacklevel=2)
-                    continue
-            out = self._restride(c, func, out, writes, wanted)
+            out = self._restride(c, func, out, writes)
         return out
 
-    def _restride(self, c: Correction, func, out, writes: str, wanted):
+    def _asked(self, func, args, kwargs, out):
+        name = str(func)
+        self.asked[name] = self.asked.get(name, 0) + 1
+        try:
+            outs = out if isinstance(out, (list, tuple)) else (out,)
+            shapes = [tuple(o.shape) if isinstance(o, torch.Tensor) else None for o in outs]
+            real = self.probe.results(func, args, kwargs, out_shapes=shapes)
+        except Exception as exc:  # a kernel that needs values a random tensor lacks: say so
+            if name not in self.failed:
+                self.failed[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                warnings.warn(f"fake audit: the real kernel of {name} could not be asked ({self.failed[name]}); "
+                              "the meta kernel's strides are logged", stacklevel=3)
+            return out
         single = not isinstance(out, (list, tuple))
         outs = [out] if single else list(out)
         changed = False
-        for i in c.outputs if wanted is None else range(len(outs)):
+        for i, (o, r) in enumerate(zip(outs, real)):
+            if (r is None or not isinstance(o, torch.Tensor) or o.dim() < 3
+                    or tuple(o.shape) != r.shape or tuple(o.stride()) == r.stride):
+                continue
+            outs[i] = torch.empty_strided(o.shape, r.stride, dtype=o.dtype, device=o.device)
+            changed = True
+        if not changed:
+            return out
+        self.changed[name] = self.changed.get(name, 0) + 1
+        return outs[0] if single else type(out)(outs)
+
+    def checks(self, device_type: str) -> pd.DataFrame:
+        """Per op this audit had to know a device kernel's strides for: ``checked`` is
+        ``"kernel"`` (asked of the real kernel here), ``"not asked"`` (the kernel raised on random
+        values; the meta kernel's strides kept), ``"table"`` (a table entry's source) or
+        ``"not checked"`` (the meta kernel's strides, which nothing here could check); ``calls``
+        how often it ran so, ``relaid`` how many of those results were re-laid out."""
+        rows = []
+        for op, n in self.asked.items():
+            rows.append((op, device_type, "not asked" if op in self.failed else "kernel", n, self.changed.get(op, 0),
+                         self.failed.get(op, "")))
+        relaid: dict[str, int] = {}
+        for (_, op), n in self.applied.items():
+            relaid[op] = relaid.get(op, 0) + n
+        for op, n in self.tabled.items():
+            rows.append((op, device_type, "table", n, relaid.get(op, 0), ""))
+        for op, n in self.unchecked.items():
+            rows.append((op, device_type, "not checked", n, 0, ""))
+        frame = pd.DataFrame(rows, columns=["op", "device", "checked", "calls", "relaid", "reason"])
+        frame["calls"] = frame["calls"].astype("Int64")
+        return frame.sort_values(["checked", "op"], kind="stable").reset_index(drop=True)
+
+    def _restride(self, c: Correction, func, out, writes: str):
+        single = not isinstance(out, (list, tuple))
+        outs = [out] if single else list(out)
+        changed = False
+        for i in c.outputs:
             if i >= len(outs) or not isinstance(outs[i], torch.Tensor) or outs[i].dim() not in _FORMATS:
                 continue
-            fmt = writes if wanted is None else (wanted[i] if i < len(wanted) else None)
-            if fmt is None:
-                continue
             o = outs[i]
-            if _format_of(o) == fmt:
+            if _format_of(o) == writes:
                 continue
-            strides = _dense_strides(tuple(o.shape), fmt)
+            strides = _dense_strides(tuple(o.shape), writes)
             outs[i] = torch.empty_strided(o.shape, strides, dtype=o.dtype, device=o.device)
             changed = True
         if not changed:
@@ -379,3 +342,10 @@ class Restrider(TorchDispatchMode):
         key = (c.name, str(func))
         self.applied[key] = self.applied.get(key, 0) + 1
         return outs[0] if single else type(out)(outs)
+
+
+def restrider_for(device_type: str) -> Restrider:
+    """The target's re-layout: its real kernels asked where they are here (CPU), else its table."""
+    if device_type == "cpu":
+        return Restrider(probe=SHARED_PROBE)
+    return Restrider(corrections_for(device_type))
