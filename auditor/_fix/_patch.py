@@ -20,6 +20,7 @@ import ast
 import contextlib
 import difflib
 import gc
+import inspect
 import linecache
 import os
 import sys
@@ -140,10 +141,21 @@ def live_functions(path: str, lines: Iterable[int]) -> list[types.FunctionType]:
         candidates = [o for o in gc.get_objects() if type(o) is types.FunctionType and o.__code__.co_filename == path]
     found = []
     for obj in candidates:
+        if not _is_def(_ORIGINAL.get(obj, obj.__code__)):
+            continue
         first, last = _span(_ORIGINAL.get(obj, obj.__code__))
         if any(first <= n <= last for n in wanted):
             found.append(obj)
     return found
+
+
+def _is_def(code: types.CodeType) -> bool:
+    """Whether ``code`` is a ``def``'s, the only code an edit recompiles. The code of a module
+    or a class body being run is held by a function object too while it runs (CPython 3.11 and
+    later make one for ``python train.py``'s ``__main__`` and for a notebook cell): it covers
+    every line, yet no edit recompiles it; its own functions are. Lambdas and comprehensions
+    (``<lambda>``, ``<listcomp>``) have no ``def`` to find either."""
+    return not code.co_name.startswith("<") and bool(code.co_flags & inspect.CO_OPTIMIZED)
 
 
 def _renumber(node: ast.AST, origin: dict[int, int]) -> None:
