@@ -367,10 +367,18 @@ def patch_target(path: str) -> tuple[str, str]:
         if real.startswith(site_dir + os.sep):
             rel = os.path.relpath(real, site_dir)
             return rel, f"installed library file: a diff against {real} (apply with patch -p1 -d {site_dir})"
-    root = project_root(real) if os.path.exists(real) else None
+    if not os.path.exists(real):  # a notebook cell's code: IPython keeps its text, no file holds it
+        from .._recording._cells import readable
+
+        cell = readable([f"{path}:1"])[0].removesuffix(", line 1")
+        where = cell if cell != f"{path}:1" else path
+        return path, (f"{where} is no file on disk (a notebook cell, say): the fix is applied and verified in memory; "
+                      "edit the cell by hand as the diff shows")
+    root = project_root(real)
     if root is not None:
         return os.path.relpath(real, root), f"project file under {root} (apply there with git apply or patch -p1)"
-    return path, "not a file on disk (a notebook cell, say): edit it by hand"
+    folder = os.path.dirname(real)
+    return os.path.basename(real), f"file {real}, in no project (apply in {folder} with patch -p1 -d {folder})"
 
 
 def unified_diff(edits: Iterable[SourceEdit], context: int = 3) -> str:
