@@ -76,6 +76,14 @@ SAMPLE = [
     "timm/test_vit",
 ]
 
+#: The small models written as users write them (``benchmarks/user_models.py``), each run three
+#: ways: imported as a module, as the script being run (``__main__``) and in a notebook's cells.
+USER_FILE = ROOT / "benchmarks" / "user_models.py"
+USER_SOURCES = {"user_module": "user/module", "user_script": "user/script (__main__)",
+                "user_notebook": "user/notebook cell"}
+#: name -> class of the user models, where the worker runs them (set by the script or the cell)
+_USER_MODELS: dict[str, type] = {}
+
 #: torchvision builders by task (quantized models are left out: they are not a training format)
 TV_TASKS = {"classification": "", "segmentation": "segmentation", "detection": "detection",
             "video": "video", "optical_flow": "optical_flow"}
@@ -176,12 +184,28 @@ def corpus() -> list[Entry]:
     for z in ZOO:
         if z.library in ("diffusers", "segmentation_models_pytorch"):
             entries.append(Entry(z.name, z.library, "zoo", 0))
+    for name in _user_models():
+        entries += [Entry(name, source, family, 0) for source, family in USER_SOURCES.items()]
     first, rest, seen = [], [], set()
     for e in sorted(entries, key=lambda e: (e.params or 1, e.id)):
         key = (e.source, e.family)
         (rest if key in seen else first).append(e)
         seen.add(key)
     return first + rest
+
+
+def _user_models() -> dict[str, type]:
+    """The user models by name: those the running script or cell handed over, else the file's."""
+    if _USER_MODELS:
+        return _USER_MODELS
+    import importlib.util
+
+    if "user_models" not in sys.modules:  # imported as a module, as from an installed package
+        spec = importlib.util.spec_from_file_location("user_models", USER_FILE)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["user_models"] = module
+        spec.loader.exec_module(module)
+    return dict(sys.modules["user_models"].MODELS)
 
 
 def select(entries: list[Entry], names: list[str]) -> list[Entry]:
@@ -294,6 +318,8 @@ class Built:
             return [(3, s, s) for s in (64, 96, 128, 192, 256, 300, 320)]  # 300: ssd300's own
         if e.source in ("diffusers", "segmentation_models_pytorch"):
             return [tuple(self._zoo().shape[1:])]
+        if e.source in USER_SOURCES:
+            return [(3, 32, 32)]
         sizes = [32, 64, 96, 128, 160, 192, 224, 256, 299]
         cfg = getattr(model, "pretrained_cfg", None) or {}
         top = max(cfg.get("input_size", (3, 224, 224))[-1], 299)  # torchvision's inception_v3 needs 299
@@ -340,6 +366,8 @@ class Built:
                         t.fixed_size = (size[-2], size[-1])
                     model = _list_model(model, _targets(e.name, size[-1], self.BATCH))
                 return model
+            if e.source in USER_SOURCES:
+                return _user_models()[e.name]()
             return self._zoo().build()
 
     def inputs(self, size: tuple[int, ...], memory_format) -> tuple[tuple, dict]:
@@ -467,6 +495,11 @@ def check_patch(text: str) -> tuple[int, str]:
         m = re.match(r"project file under (.+?) \(apply there", note)
         if m:
             origins[name] = os.path.join(m.group(1), name)
+        m = re.match(r"file (.+?), in no project \(apply in", note)
+        if m:
+            origins[name] = m.group(1)
+        if re.search(r" is no file on disk \(a notebook cell, say\)", note):
+            return len(names), "no file: a notebook cell, fixed and verified in memory"
     missing = [n for n in names if n not in origins or not os.path.isfile(origins[n])]
     if missing:
         return len(names), f"not checked: no file on disk for {missing[0]}"
@@ -653,7 +686,11 @@ def run_model(e: Entry, rounds: int, budget: float, max_params: float) -> list[d
     return done("ok")
 
 
-def worker(argv: list[str]) -> int:
+def worker(argv: list[str], user_models: Mapping[str, type] | None = None) -> int:
+    """One model's rows into a JSON file (``user_models``: the user models, where the running
+    script or notebook cell defined them)."""
+    if user_models:
+        _USER_MODELS.update(user_models)
     p = argparse.ArgumentParser()
     p.add_argument("id")
     p.add_argument("out")
@@ -667,9 +704,10 @@ def worker(argv: list[str]) -> int:
 
         limit = int(args.memory_gb * 2**30)
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    _no_network()
-    warnings.filterwarnings("ignore")
     source, _, name = args.id.partition("/")
+    if source != "user_notebook":  # a kernel's own connections stay (the user models fetch nothing)
+        _no_network()
+    warnings.filterwarnings("ignore")
     e = Entry(name, source, _family(source, name))
     rows = run_model(e, args.rounds, args.budget, args.max_params)
     home = Path(os.environ["TORCH_HOME"])
@@ -680,7 +718,24 @@ def worker(argv: list[str]) -> int:
     return 0
 
 
+def notebook_worker(argv: list[str]) -> int:
+    """The user models' file as a notebook's first cell (the classes defined in the cell), then a
+    cell that runs :func:`worker` with them, executed headless by a Jupyter kernel (nbclient)."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    text = USER_FILE.read_text()
+    models = text[:text.index('\nif __name__ == "__main__":')]
+    run = (f"import sys\nsys.path.insert(0, {str(ROOT / 'benchmarks')!r})\nimport breadth\n"
+           f"assert breadth.worker({argv!r}, user_models=MODELS) == 0\n")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(models), nbformat.v4.new_code_cell(run)])
+    NotebookClient(nb, timeout=None, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}).execute()
+    return 0
+
+
 def _family(source: str, name: str) -> str:
+    if source in USER_SOURCES:
+        return USER_SOURCES[source]
     if source == "timm":
         return next((m for m, (n, _) in _timm_smallest().items() if n == name), "")
     if source == "torchvision":
@@ -713,9 +768,13 @@ def run_one(e: Entry, args) -> list[dict]:
     """The model in a subprocess; a crash, a kill or a timeout is its model row."""
     with tempfile.TemporaryDirectory(prefix="breadth-") as tmp:
         out = Path(tmp, "rows.json")
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", e.id, str(out),
-               "--rounds", str(args.rounds), "--budget", str(args.budget),
-               "--max-params", str(args.max_params), "--memory-gb", str(args.memory_gb)]
+        options = ["--rounds", str(args.rounds), "--budget", str(args.budget),
+                   "--max-params", str(args.max_params), "--memory-gb", str(args.memory_gb)]
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", e.id, str(out), *options]
+        if e.source == "user_script":  # the models in the script being run: python user_models.py
+            cmd[1] = str(USER_FILE)
+        elif e.source == "user_notebook":  # the models in a notebook cell, run by a Jupyter kernel
+            cmd[2] = "--notebook-worker"
         start = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                 start_new_session=True, cwd=ROOT)
@@ -975,11 +1034,13 @@ def summary(rows: list[dict], settings: str = "") -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
+def main(argv=None, user_models: Mapping[str, type] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     _setup_env()
     if argv[:1] == ["--worker"]:
-        return worker(argv[1:])
+        return worker(argv[1:], user_models)
+    if argv[:1] == ["--notebook-worker"]:
+        return notebook_worker(argv[1:])
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", nargs="+", help="ids (timm/resnet18) or names; default: the whole corpus")
     p.add_argument("--sample", action="store_true", help=f"the fixed sample of the test suite: {', '.join(SAMPLE)}")
