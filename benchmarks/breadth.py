@@ -367,7 +367,11 @@ class Built:
                     model = _list_model(model, _targets(e.name, size[-1], self.BATCH))
                 return model
             if e.source in USER_SOURCES:
-                return _user_models()[e.name]()
+                cls = _user_models()[e.name]
+                where = "user_models" if e.source == "user_module" else "__main__"  # a cell's classes too
+                if cls.__module__ != where:
+                    raise RuntimeError(f"{e.id} is defined in {cls.__module__}, not in {where}")
+                return cls()
             return self._zoo().build()
 
     def inputs(self, size: tuple[int, ...], memory_format) -> tuple[tuple, dict]:
