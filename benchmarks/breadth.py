@@ -22,7 +22,14 @@ channels_last; one training step audited (``auditor.audit(model, x, warmup=1)``)
 holds copies of the files it touches). Then the layout regression of issue 28 item 2, as
 ``Fixes.verify`` measures it: its row of every automatic fix together audited all-contiguous
 (model and input) before and after (``contiguous_hotspots_before``/``_after``); a fix that adds
-hotspot groups there makes code that runs contiguous worse.
+hotspot groups there makes code that runs contiguous worse. Where the audited step has a map a
+convolution or pool made 1x1 from a larger one, or a tensor with no element (an FPN level that got
+no region), the model is audited again at its default input size, and each cause says whether it
+is there too (issue 38 item 5).
+
+The user models (``benchmarks/user_models.py``, issue 38 item 6) run three ways: imported as a
+module, as the script being run (``python user_models.py --worker ...``: ``__main__``) and in a
+notebook cell executed by a Jupyter kernel (nbclient).
 
 Only auditor's public facade is used: ``auditor.audit``, ``auditor.suggest_fixes`` and what the
 returned ``Fixes`` and ``Audit`` offer.
@@ -98,6 +105,9 @@ COLUMNS = [
     "causes", "automatic_verified", "by_hand", "exposed", "hotspot_groups", "all_hotspots", "all_verdict",
     "contiguous_hotspots_before", "contiguous_hotspots_after", "layout_regression",
     "patch_files", "patch_check", "seconds", "stages",
+    # issue 38 item 5: a map that became 1x1, or a tensor with no element, at the audited size; the
+    # model then audited at its default input size too (the model row), and whether each cause is there
+    "small_maps", "default_input", "default_causes", "at_default",
 ]
 
 
@@ -329,6 +339,24 @@ class Built:
             chosen.append(top)
         return [(3, s, s) for s in chosen]
 
+    def default_size(self, audited: tuple[int, ...]) -> tuple[int, ...]:
+        """The input size the model is made for, without the batch: a timm model's
+        ``pretrained_cfg``; torchvision's classifiers 224 (inception_v3 299), its video models
+        16 frames of 112, its detection and optical-flow models the largest size tried here (their
+        own defaults, 800 pixels and more, are too large for a CPU's training step); the zoo's and
+        the user models' their one size (``audited``)."""
+        e = self.e
+        if e.source == "timm":
+            cfg = getattr(self.build(meta=True), "pretrained_cfg", None) or {}
+            return tuple(cfg.get("input_size", (3, 224, 224)))
+        if e.source == "torchvision":
+            if e.family == "video":
+                return (3, 16, 112, 112)
+            if e.family in ("detection", "optical_flow", "segmentation"):
+                return self.sizes(None)[-1] if e.family != "segmentation" else (3, 224, 224)
+            return (3, 299, 299) if e.name == "inception_v3" else (3, 224, 224)
+        return audited
+
     def _zoo(self):
         sys.path.insert(0, str(ROOT / "tests"))
         from zoo_patches import ZOO
@@ -545,6 +573,49 @@ def _hotspot_groups(a) -> int:
     return int(len(a.hotspots()))
 
 
+#: ops that shrink a map by their window and stride: one whose output is 1x1 from a larger input
+#: (or through a window larger than 1) made that map 1x1 because the input is small, not by design
+#: as a global pool or a squeeze-excite's 1x1 convolutions on a pooled map are
+_SHRINKING = ("aten.convolution.", "aten.max_pool2d_with_indices.", "aten.max_pool3d_with_indices.",
+              "aten.avg_pool2d.", "aten.avg_pool3d.", "aten.mkldnn_convolution.")
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    return tuple(int(v) for v in re.findall(r"-?\d+", str(text)))
+
+
+def small_maps(a) -> str:
+    """What at the audited size exists only because the input is small, from the recorded shapes:
+    convolutions and pools (forward) that make a 1x1 map from a larger one or through a larger
+    window, and tensors with no element (an FPN level that got no region); "" when none."""
+    ev, t = a.events, a.tensors
+    forward = set(ev.loc[ev["phase"] == "forward", "seq"].tolist())
+    ops = dict(zip(ev["seq"], ev["op"].astype(str)))
+    shrunk = set()
+    images = t[t["ndim"].isin([4, 5]) & (t["seq"].isin(forward))]
+    for seq, rows in images.groupby("seq", observed=True):
+        if not ops.get(seq, "").startswith(_SHRINKING):
+            continue
+        outs = [_shape(s) for s in rows.loc[rows["role"] == "output", "shape"]]
+        ins = [_shape(s) for s, p in zip(rows.loc[rows["role"] == "input", "shape"],
+                                         rows.loc[rows["role"] == "input", "position"]) if p in (0, 1)]
+        if outs and all(d == 1 for d in outs[0][2:]) and any(any(d > 1 for d in i[2:]) for i in ins):
+            shrunk.add(seq)
+    empty = t[(t["ndim"] >= 2) & (t["bytes"] == 0) & ~t["is_param"]]
+    empty_ops = len(set(empty["seq"].tolist()))
+    parts = []
+    if shrunk:
+        parts.append(f"{len(shrunk)} convolution or pool call{'s' * (len(shrunk) > 1)} make a 1x1 map")
+    if empty_ops:
+        parts.append(f"{empty_ops} op call{'s' * (empty_ops > 1)} read or write a tensor with no element")
+    return "; ".join(parts)
+
+
+def _cause_key(pattern, phase, op, source) -> tuple:
+    """A cause, recognised at another input size: its pattern, phase, op and line."""
+    return (str(pattern), str(phase), str(op), _where(source))
+
+
 def run_model(e: Entry, rounds: int, budget: float, max_params: float) -> list[dict]:
     """Every row of one model: its causes, the causes its fixes exposed, and the model row."""
     import pandas as pd
@@ -565,7 +636,8 @@ def run_model(e: Entry, rounds: int, budget: float, max_params: float) -> list[d
         for r in rows:
             for k in ("causes", "automatic_verified", "by_hand", "exposed", "hotspot_groups", "all_hotspots", "all_verdict",
                       "contiguous_hotspots_before", "contiguous_hotspots_after", "layout_regression",
-                      "patch_files", "patch_check", "seconds", "input", "params", "convs"):
+                      "patch_files", "patch_check", "seconds", "input", "params", "convs",
+                      "small_maps", "default_input", "default_causes"):
                 r.setdefault(k, model_row.get(k, ""))
             r.setdefault("status", status)
         return [*rows, model_row]
@@ -634,6 +706,14 @@ def run_model(e: Entry, rounds: int, budget: float, max_params: float) -> list[d
             model_row.update(contiguous_hotspots_before=int(cb), contiguous_hotspots_after=int(ca),
                              layout_regression=int(ca) > int(cb))
         frame = fixes.frame  # verify proves candidates and takes fixes that hurt contiguous off the automatic ones
+        model_row["small_maps"] = small_maps(a)
+        at_default = None
+        default = b.default_size(size)
+        if model_row["small_maps"] and len(causes) and default != size:
+            with stages("default size"):
+                at_default = _causes_at(b, default, step)
+            model_row["default_input"] = "x".join(str(s) for s in (Built.BATCH, *default))
+            model_row["default_causes"] = len(at_default) if at_default is not None else "failed"
     except Exception as exc:
         if stages.current == "audit":  # does the model itself fail in channels_last, unaudited?
             try:
@@ -643,6 +723,7 @@ def run_model(e: Entry, rounds: int, budget: float, max_params: float) -> list[d
         return done("auditor crash", f"{stages.current}: {_exception_line(exc)}")
 
     phase = dict(zip(causes["cause"], causes["phase"])) if len(causes) else {}
+    keys = {int(c.cause): _cause_key(c.pattern, c.phase, c.op, c.source) for c in causes.itertuples()}
     by_fix = {int(r["fix"]): r for r in v.to_dict("records") if r["kind"] == "fix"}
     n_verified = n_hand = 0
     for f in frame.to_dict("records"):
@@ -671,6 +752,7 @@ def run_model(e: Entry, rounds: int, budget: float, max_params: float) -> list[d
             "same_outputs": "" if same is None else bool(same),
             "max_rel_diff": "" if not applied or r.get("max_rel_diff") is None else f"{float(r['max_rel_diff']):.1e}",
             "changed_outputs": same is False,
+            "at_default": "" if at_default is None else keys.get(int(f["cause"])) in at_default,
         })
     exposed = [r for r in v.to_dict("records") if r["kind"] == "exposed"]
     for r in exposed:
@@ -688,6 +770,25 @@ def run_model(e: Entry, rounds: int, budget: float, max_params: float) -> list[d
                       f"{together[0]['hotspots_after'] if together[0]['applied'] else '-'}") if together else "",
         changed_outputs=any(r.get("changed_outputs") for r in rows) or all_changed)
     return done("ok")
+
+
+def _causes_at(b: Built, size: tuple[int, ...], step: dict) -> set[tuple] | None:
+    """The causes (:func:`_cause_key`) of one audited step at input ``size``, the model built for
+    it; None where the model does not run there."""
+
+    import auditor
+
+    rank = len(size) + 1
+    cl = _fmt(size, rank)
+    try:
+        model = (b.build() if b.e.source == "timm" else b.build(size)).train().to(memory_format=cl)
+        args, kwargs = b.inputs(size, cl)
+        a = auditor.audit(model, *args, warmup=1, record_time=False, kwargs=kwargs, loss_fn=step["loss_fn"])
+    except Exception:
+        return None
+    if not a.complete:
+        return None
+    return {_cause_key(c.pattern, c.phase, c.op, c.source) for c in a.causes().itertuples()}
 
 
 def worker(argv: list[str], user_models: Mapping[str, type] | None = None) -> int:
@@ -895,6 +996,9 @@ def totals(rows: list[dict]) -> dict:
         "regressed_before": sum(_int(m["contiguous_hotspots_before"]) for m in run if _true(m["layout_regression"])),
         "regressed_after": sum(_int(m["contiguous_hotspots_after"]) for m in run if _true(m["layout_regression"])),
         "exposed": sum(r["row"] == "exposed" for r in rows),
+        "small_map_models": sum(bool(m.get("small_maps")) and m.get("default_input", "") != "" for m in run),
+        "only_small": sum(c.get("at_default") == "False" for c in causes),
+        "also_default": sum(c.get("at_default") == "True" for c in causes),
         "patch_failed": sum(m["patch_check"].startswith("failed") for m in run),
         "patch_ok": sum(m["patch_check"] == "ok" for m in run),
         "patch_unchecked": sum(m["patch_check"].startswith("not checked") for m in run),
@@ -933,7 +1037,12 @@ def summary(rows: list[dict], settings: str = "") -> str:
               f"models, their contiguous groups {t['regressed_before']} -> {t['regressed_after']}; "
               f"{t['contiguous_before']} -> {t['contiguous_after']} over every audited model",
               f"- patches: {t['patch_ok']} pass `git apply --check`, {t['patch_failed']} fail, "
-              f"{t['patch_unchecked']} not checked", "",
+              f"{t['patch_unchecked']} not checked"]
+    if any("small_maps" in m for m in models):  # a CSV written before the check has no such column
+        lines += [f"- a map made 1x1, or a tensor with no element, at the audited size: {t['small_map_models']} "
+                  f"models audited at their default size too; of their causes {t['only_small']} exist only at the "
+                  f"audited size, {t['also_default']} at the default size too"]
+    lines += ["",
               "The headline share (strict): the cause's own fix is automatic, was applied, the outputs and "
               "gradients are the same, the cause's hotspot groups are all gone in the re-audit, and its timing "
               "verdict is not `hurts`. Counted apart: a fix verified so whose verdict is `hurts` (the step is "
@@ -989,6 +1098,20 @@ def summary(rows: list[dict], settings: str = "") -> str:
                         "; ".join(f"{c['pattern']} at {c['location']} ({c['action']})"
                                   for c in causes if (c["source"], c["model"]) == (m["source"], m["model"])
                                   and _true(c["automatic"]))] for m in regressed]), ""]
+    small = [m for m in models if m.get("small_maps") and m.get("default_input")]
+    if small:
+        lines += ["## Causes at the audited size and at the default size", "",
+                  "Models whose audited step has a map a convolution or pool made 1x1 from a larger one, or a "
+                  "tensor with no element (an FPN level that got no region), audited again at their default "
+                  "input size (`Built.default_size`); each cause is looked for there by pattern, phase, op and "
+                  "line.", "", _table(
+                      ["model", "source", "at the audited size", "input", "causes", "default input", "causes there",
+                       "causes only at the audited size"],
+                      [[m["model"], m["source"], m["small_maps"], m["input"], m["causes"], m["default_input"],
+                        m["default_causes"],
+                        "; ".join(f"{c['pattern']} ({c['phase']}) at {c['location']}" for c in causes
+                                  if (c["source"], c["model"]) == (m["source"], m["model"])
+                                  and c.get("at_default") == "False")] for m in small]), ""]
     changed = [c for c in causes if _true(c["changed_outputs"])]
     if changed:
         lines += ["## Fixes that changed outputs", "", _table(

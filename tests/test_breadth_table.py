@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from test_breadth import _breadth
 
 from auditor._fix import _verify as verification
@@ -48,3 +50,42 @@ def test_the_headline_counts_only_the_engines_own_verified_fixes_that_do_not_hur
     assert "| joins | 4 | 1 | 3 | 2 | 50% | 1 | 1 | 0 | 0 |" in text
     assert "| no_cl_kernel | 2 | 1 | 1 | 0 | 0% | 0 | 0 | 1 | 0 |" in text
     assert "| verified, but its timing verdict is `hurts` (the step is slower with it) | 1 | joins | m |" in text
+
+
+def test_a_map_made_1x1_by_a_small_input_or_an_empty_tensor_is_found_and_a_global_pool_is_not():
+    """Issue 38 item 5: what exists only because the input is small, from the recorded shapes."""
+    import torch
+    from torch import nn
+
+    import auditor
+
+    breadth = _breadth()
+    cl = torch.channels_last
+
+    class Squeeze(nn.Module):  # a global mean and 1x1 convolutions on the pooled map: 1x1 by design
+        def __init__(self):
+            super().__init__()
+            self.conv, self.se = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 1)
+
+        def forward(self, x):
+            f = self.conv(x)
+            return f * torch.sigmoid(self.se(f.mean((2, 3), keepdim=True)))
+
+    class Strided(nn.Module):  # a stride that leaves one pixel of a 2x2 input
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Conv2d(3, 8, 3, stride=2, padding=1), nn.Conv2d(8, 8, 3, padding=1)
+
+        def forward(self, x):
+            empty = x[:0]  # no element, as an FPN level that got no region
+            return self.b(self.a(x)) + empty.sum()
+
+    def audit(model, size):
+        return auditor.audit(model.to(memory_format=cl), torch.randn(2, 3, size, size).to(memory_format=cl),
+                             record_time=False)
+
+    assert breadth.small_maps(audit(Squeeze(), 8)) == ""
+    empty = r"\d+ op calls? read or write a tensor with no element"
+    assert re.fullmatch(empty, breadth.small_maps(audit(Strided(), 8)))
+    # the stride leaves 1x1 of 2x2, and the next 3x3 window reads that one pixel
+    assert re.fullmatch("2 convolution or pool calls make a 1x1 map; " + empty, breadth.small_maps(audit(Strided(), 2)))
