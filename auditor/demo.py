@@ -7,8 +7,8 @@ hand over the patch, and apply the fixes.
 The default model is torchvision's ShuffleNetV2 (random weights), whose own code loses
 channels_last: its channel shuffle is written ``view -> transpose -> .contiguous() -> view``,
 which copies every block's activation into contiguous order, and every convolution after it
-permutes it back. The fix rewrites that function's body to ``torch.nn.functional.channel_shuffle``.
-The step is timed at one thread in process CPU time, in interleaved rounds, so the verdict holds
+permutes it back. The fix rewrites the shuffle's statements in that function to
+``torch.nn.functional.channel_shuffle``. The step is timed at one thread in process CPU time, in interleaved rounds, so the verdict holds
 on a busy machine: a saving with its interval, or "within noise" when the load hides it. With
 ``--out`` the reports, the fixes, the verification, the patch, the heatmaps before and after and
 the timing are written there (``make demo`` writes ``audit_out/``).

@@ -22,7 +22,14 @@ channels_last; one training step audited (``auditor.audit(model, x, warmup=1)``)
 holds copies of the files it touches). Then the layout regression of issue 28 item 2, as
 ``Fixes.verify`` measures it: its row of every automatic fix together audited all-contiguous
 (model and input) before and after (``contiguous_hotspots_before``/``_after``); a fix that adds
-hotspot groups there makes code that runs contiguous worse.
+hotspot groups there makes code that runs contiguous worse. Where the audited step has a map a
+convolution or pool made 1x1 from a larger one, or a tensor with no element (an FPN level that got
+no region), the model is audited again at its default input size, and each cause says whether it
+is there too (issue 38 item 5).
+
+The user models (``benchmarks/user_models.py``, issue 38 item 6) run three ways: imported as a
+module, as the script being run (``python user_models.py --worker ...``: ``__main__``) and in a
+notebook cell executed by a Jupyter kernel (nbclient).
 
 Only auditor's public facade is used: ``auditor.audit``, ``auditor.suggest_fixes`` and what the
 returned ``Fixes`` and ``Audit`` offer.
@@ -76,6 +83,14 @@ SAMPLE = [
     "timm/test_vit",
 ]
 
+#: The small models written as users write them (``benchmarks/user_models.py``), each run three
+#: ways: imported as a module, as the script being run (``__main__``) and in a notebook's cells.
+USER_FILE = ROOT / "benchmarks" / "user_models.py"
+USER_SOURCES = {"user_module": "user/module", "user_script": "user/script (__main__)",
+                "user_notebook": "user/notebook cell"}
+#: name -> class of the user models, where the worker runs them (set by the script or the cell)
+_USER_MODELS: dict[str, type] = {}
+
 #: torchvision builders by task (quantized models are left out: they are not a training format)
 TV_TASKS = {"classification": "", "segmentation": "segmentation", "detection": "detection",
             "video": "video", "optical_flow": "optical_flow"}
@@ -90,6 +105,9 @@ COLUMNS = [
     "causes", "automatic_verified", "by_hand", "exposed", "hotspot_groups", "all_hotspots", "all_verdict",
     "contiguous_hotspots_before", "contiguous_hotspots_after", "layout_regression",
     "patch_files", "patch_check", "seconds", "stages",
+    # issue 38 item 5: a map that became 1x1, or a tensor with no element, at the audited size; the
+    # model then audited at its default input size too (the model row), and whether each cause is there
+    "small_maps", "default_input", "default_causes", "at_default",
 ]
 
 
@@ -176,12 +194,28 @@ def corpus() -> list[Entry]:
     for z in ZOO:
         if z.library in ("diffusers", "segmentation_models_pytorch"):
             entries.append(Entry(z.name, z.library, "zoo", 0))
+    for name in _user_models():
+        entries += [Entry(name, source, family, 0) for source, family in USER_SOURCES.items()]
     first, rest, seen = [], [], set()
     for e in sorted(entries, key=lambda e: (e.params or 1, e.id)):
         key = (e.source, e.family)
         (rest if key in seen else first).append(e)
         seen.add(key)
     return first + rest
+
+
+def _user_models() -> dict[str, type]:
+    """The user models by name: those the running script or cell handed over, else the file's."""
+    if _USER_MODELS:
+        return _USER_MODELS
+    import importlib.util
+
+    if "user_models" not in sys.modules:  # imported as a module, as from an installed package
+        spec = importlib.util.spec_from_file_location("user_models", USER_FILE)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["user_models"] = module
+        spec.loader.exec_module(module)
+    return dict(sys.modules["user_models"].MODELS)
 
 
 def select(entries: list[Entry], names: list[str]) -> list[Entry]:
@@ -294,6 +328,8 @@ class Built:
             return [(3, s, s) for s in (64, 96, 128, 192, 256, 300, 320)]  # 300: ssd300's own
         if e.source in ("diffusers", "segmentation_models_pytorch"):
             return [tuple(self._zoo().shape[1:])]
+        if e.source in USER_SOURCES:
+            return [(3, 32, 32)]
         sizes = [32, 64, 96, 128, 160, 192, 224, 256, 299]
         cfg = getattr(model, "pretrained_cfg", None) or {}
         top = max(cfg.get("input_size", (3, 224, 224))[-1], 299)  # torchvision's inception_v3 needs 299
@@ -302,6 +338,24 @@ class Built:
         if top not in chosen:
             chosen.append(top)
         return [(3, s, s) for s in chosen]
+
+    def default_size(self, audited: tuple[int, ...]) -> tuple[int, ...]:
+        """The input size the model is made for, without the batch: a timm model's
+        ``pretrained_cfg``; torchvision's classifiers 224 (inception_v3 299), its video models
+        16 frames of 112, its detection and optical-flow models the largest size tried here (their
+        own defaults, 800 pixels and more, are too large for a CPU's training step); the zoo's and
+        the user models' their one size (``audited``)."""
+        e = self.e
+        if e.source == "timm":
+            cfg = getattr(self.build(meta=True), "pretrained_cfg", None) or {}
+            return tuple(cfg.get("input_size", (3, 224, 224)))
+        if e.source == "torchvision":
+            if e.family == "video":
+                return (3, 16, 112, 112)
+            if e.family in ("detection", "optical_flow", "segmentation"):
+                return self.sizes(None)[-1] if e.family != "segmentation" else (3, 224, 224)
+            return (3, 299, 299) if e.name == "inception_v3" else (3, 224, 224)
+        return audited
 
     def _zoo(self):
         sys.path.insert(0, str(ROOT / "tests"))
@@ -340,6 +394,12 @@ class Built:
                         t.fixed_size = (size[-2], size[-1])
                     model = _list_model(model, _targets(e.name, size[-1], self.BATCH))
                 return model
+            if e.source in USER_SOURCES:
+                cls = _user_models()[e.name]
+                where = "user_models" if e.source == "user_module" else "__main__"  # a cell's classes too
+                if cls.__module__ != where:
+                    raise RuntimeError(f"{e.id} is defined in {cls.__module__}, not in {where}")
+                return cls()
             return self._zoo().build()
 
     def inputs(self, size: tuple[int, ...], memory_format) -> tuple[tuple, dict]:
@@ -467,6 +527,11 @@ def check_patch(text: str) -> tuple[int, str]:
         m = re.match(r"project file under (.+?) \(apply there", note)
         if m:
             origins[name] = os.path.join(m.group(1), name)
+        m = re.match(r"file (.+?), in no project \(apply in", note)
+        if m:
+            origins[name] = m.group(1)
+        if re.search(r" is no file on disk \(a notebook cell, say\)", note):
+            return len(names), "no file: a notebook cell, fixed and verified in memory"
     missing = [n for n in names if n not in origins or not os.path.isfile(origins[n])]
     if missing:
         return len(names), f"not checked: no file on disk for {missing[0]}"
@@ -508,6 +573,49 @@ def _hotspot_groups(a) -> int:
     return int(len(a.hotspots()))
 
 
+#: ops that shrink a map by their window and stride: one whose output is 1x1 from a larger input
+#: (or through a window larger than 1) made that map 1x1 because the input is small, not by design
+#: as a global pool or a squeeze-excite's 1x1 convolutions on a pooled map are
+_SHRINKING = ("aten.convolution.", "aten.max_pool2d_with_indices.", "aten.max_pool3d_with_indices.",
+              "aten.avg_pool2d.", "aten.avg_pool3d.", "aten.mkldnn_convolution.")
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    return tuple(int(v) for v in re.findall(r"-?\d+", str(text)))
+
+
+def small_maps(a) -> str:
+    """What at the audited size exists only because the input is small, from the recorded shapes:
+    convolutions and pools (forward) that make a 1x1 map from a larger one or through a larger
+    window, and tensors with no element (an FPN level that got no region); "" when none."""
+    ev, t = a.events, a.tensors
+    forward = set(ev.loc[ev["phase"] == "forward", "seq"].tolist())
+    ops = dict(zip(ev["seq"], ev["op"].astype(str)))
+    shrunk = set()
+    images = t[t["ndim"].isin([4, 5]) & (t["seq"].isin(forward))]
+    for seq, rows in images.groupby("seq", observed=True):
+        if not ops.get(seq, "").startswith(_SHRINKING):
+            continue
+        outs = [_shape(s) for s in rows.loc[rows["role"] == "output", "shape"]]
+        ins = [_shape(s) for s, p in zip(rows.loc[rows["role"] == "input", "shape"],
+                                         rows.loc[rows["role"] == "input", "position"]) if p in (0, 1)]
+        if outs and all(d == 1 for d in outs[0][2:]) and any(any(d > 1 for d in i[2:]) for i in ins):
+            shrunk.add(seq)
+    empty = t[(t["ndim"] >= 2) & (t["bytes"] == 0) & ~t["is_param"]]
+    empty_ops = len(set(empty["seq"].tolist()))
+    parts = []
+    if shrunk:
+        parts.append(f"{len(shrunk)} convolution or pool call{'s' * (len(shrunk) > 1)} make a 1x1 map")
+    if empty_ops:
+        parts.append(f"{empty_ops} op call{'s' * (empty_ops > 1)} read or write a tensor with no element")
+    return "; ".join(parts)
+
+
+def _cause_key(pattern, phase, op, source) -> tuple:
+    """A cause, recognised at another input size: its pattern, phase, op and line."""
+    return (str(pattern), str(phase), str(op), _where(source))
+
+
 def run_model(e: Entry, rounds: int, budget: float, max_params: float) -> list[dict]:
     """Every row of one model: its causes, the causes its fixes exposed, and the model row."""
     import pandas as pd
@@ -528,7 +636,8 @@ def run_model(e: Entry, rounds: int, budget: float, max_params: float) -> list[d
         for r in rows:
             for k in ("causes", "automatic_verified", "by_hand", "exposed", "hotspot_groups", "all_hotspots", "all_verdict",
                       "contiguous_hotspots_before", "contiguous_hotspots_after", "layout_regression",
-                      "patch_files", "patch_check", "seconds", "input", "params", "convs"):
+                      "patch_files", "patch_check", "seconds", "input", "params", "convs",
+                      "small_maps", "default_input", "default_causes"):
                 r.setdefault(k, model_row.get(k, ""))
             r.setdefault("status", status)
         return [*rows, model_row]
@@ -597,6 +706,14 @@ def run_model(e: Entry, rounds: int, budget: float, max_params: float) -> list[d
             model_row.update(contiguous_hotspots_before=int(cb), contiguous_hotspots_after=int(ca),
                              layout_regression=int(ca) > int(cb))
         frame = fixes.frame  # verify proves candidates and takes fixes that hurt contiguous off the automatic ones
+        model_row["small_maps"] = small_maps(a)
+        at_default = None
+        default = b.default_size(size)
+        if model_row["small_maps"] and len(causes) and default != size:
+            with stages("default size"):
+                at_default = _causes_at(b, default, step)
+            model_row["default_input"] = "x".join(str(s) for s in (Built.BATCH, *default))
+            model_row["default_causes"] = len(at_default) if at_default is not None else "failed"
     except Exception as exc:
         if stages.current == "audit":  # does the model itself fail in channels_last, unaudited?
             try:
@@ -606,6 +723,7 @@ def run_model(e: Entry, rounds: int, budget: float, max_params: float) -> list[d
         return done("auditor crash", f"{stages.current}: {_exception_line(exc)}")
 
     phase = dict(zip(causes["cause"], causes["phase"])) if len(causes) else {}
+    keys = {int(c.cause): _cause_key(c.pattern, c.phase, c.op, c.source) for c in causes.itertuples()}
     by_fix = {int(r["fix"]): r for r in v.to_dict("records") if r["kind"] == "fix"}
     n_verified = n_hand = 0
     for f in frame.to_dict("records"):
@@ -634,6 +752,7 @@ def run_model(e: Entry, rounds: int, budget: float, max_params: float) -> list[d
             "same_outputs": "" if same is None else bool(same),
             "max_rel_diff": "" if not applied or r.get("max_rel_diff") is None else f"{float(r['max_rel_diff']):.1e}",
             "changed_outputs": same is False,
+            "at_default": "" if at_default is None else keys.get(int(f["cause"])) in at_default,
         })
     exposed = [r for r in v.to_dict("records") if r["kind"] == "exposed"]
     for r in exposed:
@@ -653,7 +772,30 @@ def run_model(e: Entry, rounds: int, budget: float, max_params: float) -> list[d
     return done("ok")
 
 
-def worker(argv: list[str]) -> int:
+def _causes_at(b: Built, size: tuple[int, ...], step: dict) -> set[tuple] | None:
+    """The causes (:func:`_cause_key`) of one audited step at input ``size``, the model built for
+    it; None where the model does not run there."""
+
+    import auditor
+
+    rank = len(size) + 1
+    cl = _fmt(size, rank)
+    try:
+        model = (b.build() if b.e.source == "timm" else b.build(size)).train().to(memory_format=cl)
+        args, kwargs = b.inputs(size, cl)
+        a = auditor.audit(model, *args, warmup=1, record_time=False, kwargs=kwargs, loss_fn=step["loss_fn"])
+    except Exception:
+        return None
+    if not a.complete:
+        return None
+    return {_cause_key(c.pattern, c.phase, c.op, c.source) for c in a.causes().itertuples()}
+
+
+def worker(argv: list[str], user_models: Mapping[str, type] | None = None) -> int:
+    """One model's rows into a JSON file (``user_models``: the user models, where the running
+    script or notebook cell defined them)."""
+    if user_models:
+        _USER_MODELS.update(user_models)
     p = argparse.ArgumentParser()
     p.add_argument("id")
     p.add_argument("out")
@@ -667,9 +809,10 @@ def worker(argv: list[str]) -> int:
 
         limit = int(args.memory_gb * 2**30)
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    _no_network()
-    warnings.filterwarnings("ignore")
     source, _, name = args.id.partition("/")
+    if source != "user_notebook":  # a kernel's own connections stay (the user models fetch nothing)
+        _no_network()
+    warnings.filterwarnings("ignore")
     e = Entry(name, source, _family(source, name))
     rows = run_model(e, args.rounds, args.budget, args.max_params)
     home = Path(os.environ["TORCH_HOME"])
@@ -680,7 +823,24 @@ def worker(argv: list[str]) -> int:
     return 0
 
 
+def notebook_worker(argv: list[str]) -> int:
+    """The user models' file as a notebook's first cell (the classes defined in the cell), then a
+    cell that runs :func:`worker` with them, executed headless by a Jupyter kernel (nbclient)."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    text = USER_FILE.read_text()
+    models = text[:text.index('\nif __name__ == "__main__":')]
+    run = (f"import sys\nsys.path.insert(0, {str(ROOT / 'benchmarks')!r})\nimport breadth\n"
+           f"assert breadth.worker({argv!r}, user_models=MODELS) == 0\n")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(models), nbformat.v4.new_code_cell(run)])
+    NotebookClient(nb, timeout=None, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}).execute()
+    return 0
+
+
 def _family(source: str, name: str) -> str:
+    if source in USER_SOURCES:
+        return USER_SOURCES[source]
     if source == "timm":
         return next((m for m, (n, _) in _timm_smallest().items() if n == name), "")
     if source == "torchvision":
@@ -713,9 +873,13 @@ def run_one(e: Entry, args) -> list[dict]:
     """The model in a subprocess; a crash, a kill or a timeout is its model row."""
     with tempfile.TemporaryDirectory(prefix="breadth-") as tmp:
         out = Path(tmp, "rows.json")
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", e.id, str(out),
-               "--rounds", str(args.rounds), "--budget", str(args.budget),
-               "--max-params", str(args.max_params), "--memory-gb", str(args.memory_gb)]
+        options = ["--rounds", str(args.rounds), "--budget", str(args.budget),
+                   "--max-params", str(args.max_params), "--memory-gb", str(args.memory_gb)]
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", e.id, str(out), *options]
+        if e.source == "user_script":  # the models in the script being run: python user_models.py
+            cmd[1] = str(USER_FILE)
+        elif e.source == "user_notebook":  # the models in a notebook cell, run by a Jupyter kernel
+            cmd[2] = "--notebook-worker"
         start = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                 start_new_session=True, cwd=ROOT)
@@ -790,6 +954,22 @@ def _removed(cause: dict) -> bool:
     return cause["verdict"] == REMOVED and _true(cause["verified"])
 
 
+#: the timing verdict of a fix that makes the step slower (Fixes.verify's table)
+HURTS = "hurts"
+
+
+def _hurts(cause: dict) -> bool:
+    """A cause the engine's own fix removes, verified, but whose timing verdict is ``hurts``: the
+    step is slower with it, so it is no fix the user came for."""
+    return _true(cause["automatic"]) and _true(cause["verified"]) and cause["verdict"] == HURTS
+
+
+def _strict(cause: dict) -> bool:
+    """The headline count: the engine's own fix (automatic, not removed by the other fixes),
+    verified, whose timing verdict is not ``hurts``."""
+    return _true(cause["automatic"]) and _true(cause["verified"]) and not _removed(cause) and not _hurts(cause)
+
+
 def totals(rows: list[dict]) -> dict:
     models = [r for r in rows if r["row"] == "model"]
     causes = [r for r in rows if r["row"] == "cause"]
@@ -805,6 +985,8 @@ def totals(rows: list[dict]) -> dict:
         "model_errors": sum(m["status"] == "model error" for m in models),
         "causes": len(causes), "automatic": sum(_true(c["automatic"]) for c in causes),
         "verified": sum(_true(c["verified"]) for c in causes),
+        "strict": sum(_strict(c) for c in causes),
+        "hurts": sum(_hurts(c) for c in causes),
         "removed": sum(_removed(c) for c in causes),
         "by_hand": sum(not _true(c["automatic"]) and not _removed(c) for c in causes),
         "changed_outputs": sum(_true(m["changed_outputs"]) for m in run),
@@ -814,6 +996,9 @@ def totals(rows: list[dict]) -> dict:
         "regressed_before": sum(_int(m["contiguous_hotspots_before"]) for m in run if _true(m["layout_regression"])),
         "regressed_after": sum(_int(m["contiguous_hotspots_after"]) for m in run if _true(m["layout_regression"])),
         "exposed": sum(r["row"] == "exposed" for r in rows),
+        "small_map_models": sum(bool(m.get("small_maps")) and m.get("default_input", "") != "" for m in run),
+        "only_small": sum(c.get("at_default") == "False" for c in causes),
+        "also_default": sum(c.get("at_default") == "True" for c in causes),
         "patch_failed": sum(m["patch_check"].startswith("failed") for m in run),
         "patch_ok": sum(m["patch_check"] == "ok" for m in run),
         "patch_unchecked": sum(m["patch_check"].startswith("not checked") for m in run),
@@ -826,7 +1011,7 @@ def summary(rows: list[dict], settings: str = "") -> str:
     t = totals(rows)
     models = [r for r in rows if r["row"] == "model"]
     causes = [r for r in rows if r["row"] == "cause"]
-    share = t["verified"] / t["causes"] if t["causes"] else float("nan")
+    share = t["strict"] / t["causes"] if t["causes"] else float("nan")
     lines = ["# Breadth corpus: the fix engine on models it was not built against", "",
              "Made by `benchmarks/breadth.py` (issue 28). " + settings, ""]
     try:
@@ -842,40 +1027,54 @@ def summary(rows: list[dict], settings: str = "") -> str:
               f"- models: {t['models']} ({t['ok']} audited, {t['skipped']} skipped, {t['model_errors']} model errors, "
               f"{t['crashes']} crashes: {t['auditor_crashes']} auditor, {t['subprocess_crashes']} killed or exited, "
               f"{t['timeouts']} timeouts, {t['out_of_memory']} out of the --memory-gb limit)",
-              f"- causes: {t['causes']}; automatic {t['automatic']}; **automatic and verified {t['verified']} "
-              f"({share:.0%})**, of which {t['removed']} by hand but removed by the other causes' automatic fixes; "
-              f"by hand {t['by_hand']}; exposed by the fixes {t['exposed']}",
+              f"- causes: {t['causes']}; **fixed by the engine's own fixes, verified, not `hurts`: {t['strict']} "
+              f"({share:.1%})**; besides them: verified but `hurts` (slower with the fix) {t['hurts']}, removed by "
+              f"the other fixes (no fix of their own) {t['removed']}; by hand {t['by_hand']}; automatic "
+              f"{t['automatic']}, of them not verified {t['automatic'] - t['strict'] - t['hurts']}; exposed by the "
+              f"fixes {t['exposed']}",
               f"- models whose applied fixes changed outputs: {t['changed_outputs']}",
               f"- layout regressions (contiguous hotspot groups up after the automatic fixes): {t['layout_regressions']} "
               f"models, their contiguous groups {t['regressed_before']} -> {t['regressed_after']}; "
               f"{t['contiguous_before']} -> {t['contiguous_after']} over every audited model",
               f"- patches: {t['patch_ok']} pass `git apply --check`, {t['patch_failed']} fail, "
-              f"{t['patch_unchecked']} not checked", "",
-              "Verified: the fix is automatic, was applied, the outputs and gradients are the same, and the "
-              "cause's hotspot groups are all gone in the re-audit; or the cause has no fix of its own, and "
-              "the model's automatic fixes, made together, remove its hotspot groups with the same values and "
-              "leave no more groups than they and it account for (verdict `removed by the other fixes`).", ""]
+              f"{t['patch_unchecked']} not checked"]
+    if any("small_maps" in m for m in models):  # a CSV written before the check has no such column
+        lines += [f"- a map made 1x1, or a tensor with no element, at the audited size: {t['small_map_models']} "
+                  f"models audited at their default size too; of their causes {t['only_small']} exist only at the "
+                  f"audited size, {t['also_default']} at the default size too"]
+    lines += ["",
+              "The headline share (strict): the cause's own fix is automatic, was applied, the outputs and "
+              "gradients are the same, the cause's hotspot groups are all gone in the re-audit, and its timing "
+              "verdict is not `hurts`. Counted apart: a fix verified so whose verdict is `hurts` (the step is "
+              "slower with it), and a cause with no fix of its own that the model's automatic fixes, made "
+              "together, remove with the same values, leaving no more groups than they and it account for "
+              "(verdict `removed by the other fixes`).", ""]
     # per pattern
     pats: dict[str, Counter] = {}
     for c in causes:
         k = pats.setdefault(c["pattern"], Counter())
         k["causes"] += 1
         k["automatic"] += _true(c["automatic"])
-        k["verified"] += _true(c["verified"])
+        k["strict"] += _strict(c)
+        k["hurts"] += _hurts(c)
         k["removed"] += _removed(c)
         k["by hand"] += not _true(c["automatic"]) and not _removed(c)
         k["changed"] += _true(c["changed_outputs"])
     pat_models = {p: len({c["source"] + c["model"] for c in causes if c["pattern"] == p}) for p in pats}
     lines += ["## Per pattern", "", _table(
-        ["pattern", "causes", "models", "automatic", "automatic and verified", "of them removed by the other fixes",
-         "share", "by hand", "changed outputs"],
-        [[p, k["causes"], pat_models[p], k["automatic"], k["verified"], k["removed"],
-          f"{k['verified'] / k['causes']:.0%}", k["by hand"], k["changed"]]
+        ["pattern", "causes", "models", "automatic", "own fix verified, not hurts", "share", "hurts",
+         "removed by the other fixes", "by hand", "changed outputs"],
+        [[p, k["causes"], pat_models[p], k["automatic"], k["strict"], f"{k['strict'] / k['causes']:.0%}",
+          k["hurts"], k["removed"], k["by hand"], k["changed"]]
          for p, k in sorted(pats.items(), key=lambda kv: -kv[1]["causes"])]), ""]
     # by-hand reasons
     reasons: dict[str, list] = {}
     for c in causes:
-        if not _true(c["verified"]):
+        if _hurts(c):
+            reasons.setdefault("verified, but its timing verdict is `hurts` (the step is slower with it)", []).append(c)
+        elif _removed(c):
+            reasons.setdefault(f"no fix of its own: {REMOVED}", []).append(c)
+        elif not _true(c["verified"]):
             why = c["reason"]
             if _true(c["automatic"]) and _true(c["applied"]):
                 why = ("automatic, but it changes outputs" if _true(c["changed_outputs"])
@@ -883,7 +1082,7 @@ def summary(rows: list[dict], settings: str = "") -> str:
             elif not why:
                 why = "automatic, not verified: " + (c["verdict"] or "no verification row")
             reasons.setdefault(_short_reason(why), []).append(c)
-    lines += ["## Why causes are not fixed automatically and verified", "", _table(
+    lines += ["## Why causes are not fixed by the engine's own verified fixes (the strict count)", "", _table(
         ["reason", "causes", "patterns", "example models"],
         [[r, len(cs), ", ".join(sorted({c["pattern"] for c in cs})),
           ", ".join(list(dict.fromkeys(c["model"] for c in cs))[:4])]
@@ -899,6 +1098,20 @@ def summary(rows: list[dict], settings: str = "") -> str:
                         "; ".join(f"{c['pattern']} at {c['location']} ({c['action']})"
                                   for c in causes if (c["source"], c["model"]) == (m["source"], m["model"])
                                   and _true(c["automatic"]))] for m in regressed]), ""]
+    small = [m for m in models if m.get("small_maps") and m.get("default_input")]
+    if small:
+        lines += ["## Causes at the audited size and at the default size", "",
+                  "Models whose audited step has a map a convolution or pool made 1x1 from a larger one, or a "
+                  "tensor with no element (an FPN level that got no region), audited again at their default "
+                  "input size (`Built.default_size`); each cause is looked for there by pattern, phase, op and "
+                  "line.", "", _table(
+                      ["model", "source", "at the audited size", "input", "causes", "default input", "causes there",
+                       "causes only at the audited size"],
+                      [[m["model"], m["source"], m["small_maps"], m["input"], m["causes"], m["default_input"],
+                        m["default_causes"],
+                        "; ".join(f"{c['pattern']} ({c['phase']}) at {c['location']}" for c in causes
+                                  if (c["source"], c["model"]) == (m["source"], m["model"])
+                                  and c.get("at_default") == "False")] for m in small]), ""]
     changed = [c for c in causes if _true(c["changed_outputs"])]
     if changed:
         lines += ["## Fixes that changed outputs", "", _table(
@@ -932,23 +1145,29 @@ def summary(rows: list[dict], settings: str = "") -> str:
             hand = "; ".join(filter(None, [hand, *(f"{c['pattern']}: automatic, not verified ({c['verdict']}, "
                                                     f"{c['hotspots_before']} -> {c['hotspots_after'] or '-'} groups)"
                                                     for c in unverified)]))
+        hand = "; ".join(filter(None, [hand, *(f"{c['pattern']}: verified, `hurts`" for c in mine if _hurts(c)),
+                                       *(f"{c['pattern']}: {REMOVED}" for c in mine if _removed(c))]))
         contiguous = (f"{m['contiguous_hotspots_before']} -> {m['contiguous_hotspots_after']}"
                       if m["contiguous_hotspots_before"] != "" else "")
         table.append([m["model"], f"{m['source']} {m['family']}", m["status"] if m["status"] != "ok" else "",
-                      m["input"], m["causes"], m["automatic_verified"], m["by_hand"], hand[:600],
+                      m["input"], m["causes"], sum(_strict(c) for c in mine) if m["status"] == "ok" else "",
+                      m["by_hand"], hand[:600],
                       "yes" if _true(m["changed_outputs"]) else "", contiguous + (" **regression**" if _true(m["layout_regression"]) else ""),
                       m["patch_check"], m["seconds"]])
     lines += ["## Per model", "", _table(
-        ["model", "source", "status", "input", "causes", "automatic and verified", "by hand", "not verified: why",
+        ["model", "source", "status", "input", "causes", "own fix verified, not hurts", "by hand",
+         "not in the strict count: why",
          "changed outputs", "contiguous groups before -> after", "patch", "seconds"], table), ""]
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
+def main(argv=None, user_models: Mapping[str, type] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     _setup_env()
     if argv[:1] == ["--worker"]:
-        return worker(argv[1:])
+        return worker(argv[1:], user_models)
+    if argv[:1] == ["--notebook-worker"]:
+        return notebook_worker(argv[1:])
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", nargs="+", help="ids (timm/resnet18) or names; default: the whole corpus")
     p.add_argument("--sample", action="store_true", help=f"the fixed sample of the test suite: {', '.join(SAMPLE)}")

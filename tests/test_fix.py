@@ -553,7 +553,9 @@ def test_torchvision_channel_shuffle_function_becomes_torchs_and_removes_every_h
     assert len(auditor.audit(model, x).hotspots()) == len(a.hotspots())
 
 
-def test_a_shuffle_function_with_other_parameters_is_left_by_hand(tmp_path, monkeypatch):
+def test_a_shuffle_with_its_groups_fixed_becomes_torchs_in_its_own_statements(tmp_path, monkeypatch):
+    """A shuffle function with one parameter (its groups written in): only the shuffle's own
+    statements are rewritten (the shape line stays), with the groups as written."""
     path = tmp_path / "shuffles.py"
     path.write_text(
         "import torch\n\n\n"
@@ -574,9 +576,40 @@ def test_a_shuffle_function_with_other_parameters_is_left_by_hand(tmp_path, monk
             return self.b(shuffles.shuffle_in_two(self.a(x)))
 
     model, x = auditor.to_channels_last(Net(), torch.randn(1, 3, 6, 6))
-    row = auditor.suggest_fixes(auditor.audit(model, x)).frame.iloc[0]
-    assert row["pattern"] == "channel_shuffle" and not row["automatic"]
-    assert "takes other parameters than (x, groups)" in row["reason"]
+    fixes = auditor.suggest_fixes(auditor.audit(model, x))
+    row = fixes.frame.iloc[0]
+    assert row["pattern"] == "channel_shuffle" and row["automatic"], row["reason"]
+    assert row["suggestion"] == "    return torch.nn.functional.channel_shuffle(x, 2)"
+    assert row["line"].splitlines()[0] == "    x = x.view(n, 2, c // 2, h, w)"
+    checked = fixes.verify(model, x, rounds=2, max_rounds=2, budget_s=1.0)
+    assert checked.iloc[0]["applied"] and checked.iloc[0]["same_outputs"] and checked.iloc[0]["hotspots_after"] == 0
+
+
+def test_a_shuffle_whose_steps_are_read_after_it_is_left_by_hand(tmp_path, monkeypatch):
+    path = tmp_path / "shuffles_read.py"
+    path.write_text(
+        "import torch\n\n\n"
+        "def shuffle_and_keep(x, groups):\n"
+        "    n, c, h, w = x.shape\n"
+        "    split = x.view(n, groups, c // groups, h, w)\n"
+        "    y = split.transpose(1, 2).contiguous()\n"
+        "    y = y.view(n, c, h, w)\n"
+        "    return y + split.sum()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import shuffles_read
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Conv2d(3, 8, 1), nn.Conv2d(8, 8, 1)
+
+        def forward(self, x):
+            return self.b(shuffles_read.shuffle_and_keep(self.a(x), 2))
+
+    model, x = auditor.to_channels_last(Net(), torch.randn(1, 3, 6, 6))
+    rows = auditor.suggest_fixes(auditor.audit(model, x)).frame
+    row = rows[rows["pattern"] == "channel_shuffle"].iloc[0]
+    assert not row["automatic"] and "split, bound on the way by the shuffle, is read after it" in row["reason"]
 
 
 def test_suggest_fixes_rejects_what_is_not_an_audit():

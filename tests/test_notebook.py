@@ -132,3 +132,59 @@ def _assert_eager_beside_compiled(nb) -> None:
     assert ">removed by the compiler<" in compared and ">still there<" in compared
     kernels = _result(_code(nb, "compiled.conversions()"))["text/html"]
     assert "doubled" in kernels and "fixed strides" in kernels
+
+
+#: a model defined in a notebook cell, its channel shuffle written inline between two convolutions
+CELL_MODEL = """\
+import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.a = nn.Conv2d(c, c, 3, padding=1)
+        self.b = nn.Conv2d(c, c, 3, padding=1)
+
+    def forward(self, x):
+        f = self.a(x)
+        n, c, h, w = f.shape
+        f = f.view(n, 2, c // 2, h, w).transpose(1, 2).contiguous().view(n, c, h, w)
+        return self.b(f)
+"""
+
+CELL_FIX = """\
+import json
+import auditor
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Conv2d(3, 8, 1), Block(8)).to(memory_format=torch.channels_last)
+x = torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last)
+fixes = auditor.suggest_fixes(auditor.audit(model, x))
+v = fixes.verify(model, x, rounds=2, max_rounds=2, budget_s=1.0)
+fixes.apply(model)
+print(json.dumps({"fixes": fixes.frame[["source", "automatic", "suggestion"]].values.tolist(),
+                  "verify": v[["kind", "applied", "same_outputs", "hotspots_after"]].astype(str).values.tolist(),
+                  "after": len(auditor.audit(model, x, record_time=False).hotspots()), "patch": fixes.patch()}))
+"""
+
+
+@pytest.mark.slow
+def test_a_model_defined_in_a_notebook_cell_is_fixed_and_verified_in_memory(tmp_path):
+    """A cell's code has no file: the fix is applied and verified in memory, the cell's line is
+    named as IPython names it, and the patch says there is no file to patch."""
+    import json
+
+    root = str(Path(__file__).resolve().parent.parent)
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell(f"import sys\nsys.path.insert(0, {root!r})"),  # this checkout's auditor
+        nbformat.v4.new_code_cell(CELL_MODEL), nbformat.v4.new_code_cell(CELL_FIX)])
+    NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    printed = "".join(o.get("text", "") for o in nb.cells[2].outputs if o.output_type == "stream")
+    out = json.loads(printed)
+    assert out["fixes"] == [["Cell In[2], line 14", True, "        f = torch.nn.functional.channel_shuffle(f, 2)"]]
+    assert out["verify"] == [["fix", "True", "True", "0"], ["all", "True", "True", "0"]]
+    assert out["after"] == 0
+    assert out["patch"].startswith("# Cell In[2] is no file on disk (a notebook cell, say): the fix is applied and "
+                                   "verified in memory")
+    assert "+        f = torch.nn.functional.channel_shuffle(f, 2)\n" in out["patch"]

@@ -171,7 +171,7 @@ def test_a_notebook_cells_function_is_edited_through_linecache():
         assert scope["cell_fn"](2) == 6
         patch.undo()
         assert scope["cell_fn"](2) == 4
-        assert "not a file on disk" in patch_target(name)[1]
+        assert "is no file on disk" in patch_target(name)[1]
     finally:
         linecache.cache.pop(name, None)
 
@@ -217,3 +217,89 @@ def test_edits_made_apart_in_one_function_keep_each_other(mod):
         assert mod.Child().value(2) == 9  # the edit in force is untouched
     finally:
         first.undo()
+
+
+def test_a_file_in_no_project_is_labelled_as_a_file_with_where_to_apply_it(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text("x = 1\n")
+    name, note = patch_target(str(path))
+    assert name == "train.py" and note == f"file {path}, in no project (apply in {tmp_path} with patch -p1 -d {tmp_path})"
+
+
+#: a user's script: the model defined in it, the shuffle written inline in forward between two
+#: convolutions; run as ``python train.py`` it audits, fixes, verifies and writes the patch
+SCRIPT = """\
+import json
+import sys
+
+import torch
+from torch import nn
+
+import auditor
+
+
+class Block(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.a = nn.Conv2d(c, c, 3, padding=1)
+        self.b = nn.Conv2d(c, c, 3, padding=1)
+
+    def forward(self, x):
+        f = self.a(x)
+        n, c, h, w = f.shape
+        f = f.view(n, 2, c // 2, h, w).transpose(1, 2).contiguous().view(n, c, h, w)
+        return self.b(f)
+
+
+def run():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 1), Block(8)).to(memory_format=torch.channels_last)
+    x = torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last)
+    fixes = auditor.suggest_fixes(auditor.audit(model, x))
+    v = fixes.verify(model, x, rounds=2, max_rounds=2, budget_s=1.0)
+    fixes.apply(model)
+    after = len(auditor.audit(model, x, record_time=False).hotspots())
+    json.dump({"name": __name__, "fixes": fixes.frame[["pattern", "automatic", "suggestion"]].values.tolist(),
+               "verify": v[["kind", "applied", "reason", "same_outputs"]].astype(str).values.tolist(),
+               "hotspots_after": v["hotspots_after"].astype(str).tolist(), "applied_after": after,
+               "patch": fixes.patch()}, sys.stdout)
+
+
+if __name__ == "__main__":
+    run()
+"""
+
+
+@pytest.mark.skipif(shutil.which("patch") is None, reason="patch is not installed")
+def test_a_model_defined_in_the_running_script_is_fixed_verified_and_patched(tmp_path):
+    """``python train.py``: the fix applies to the script's own functions (__main__), is
+    verified, and the patch names the file and applies; the same code imported as a module
+    gets the same fixes and the same proof."""
+    import json
+    import os
+
+    import auditor
+
+    (tmp_path / "train.py").write_text(SCRIPT)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(auditor.__file__)))
+    env = {**os.environ, "PYTHONPATH": root, "OMP_NUM_THREADS": "1"}
+    run = functools.partial(subprocess.run, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    script = run([sys.executable, "train.py"])
+    assert script.returncode == 0, script.stderr
+    imported = run([sys.executable, "-c", "import train; train.run()"])
+    assert imported.returncode == 0, imported.stderr
+    main, module = json.loads(script.stdout), json.loads(imported.stdout)
+    assert (main["name"], module["name"]) == ("__main__", "train")
+    assert main["fixes"] == module["fixes"] == [
+        ["channel_shuffle", True, "        f = torch.nn.functional.channel_shuffle(f, 2)"]]
+    assert main["verify"] == module["verify"] and main["verify"][0] == ["fix", "True", "", "True"]
+    assert main["hotspots_after"] == ["0", "0"] and main["applied_after"] == 0
+    patch = main["patch"]
+    assert patch.startswith(f"# file {tmp_path / 'train.py'}, in no project") and "a//" not in patch
+    assert ("-        f = f.view(n, 2, c // 2, h, w).transpose(1, 2).contiguous().view(n, c, h, w)\n"
+            "+        f = torch.nn.functional.channel_shuffle(f, 2)\n") in patch
+    (tmp_path / "fix.patch").write_text(patch)
+    run(["patch", "-p1", "-d", str(tmp_path), "-i", str(tmp_path / "fix.patch")], check=True)
+    assert "        f = torch.nn.functional.channel_shuffle(f, 2)\n" in (tmp_path / "train.py").read_text()
+    again = json.loads(run([sys.executable, "train.py"], check=True).stdout)
+    assert again["fixes"] == [] and again["applied_after"] == 0

@@ -202,3 +202,51 @@ def test_a_statement_is_found_whole_and_a_compound_header_is_refused(tmp_path):
     assert (st.first, st.last) == (2, 4) and st.text.endswith("# call\n")
     with pytest.raises(Refused, match="compound statement"):
         rw.statement_at(str(path), 5)
+
+
+def test_a_channel_shuffle_written_inline_becomes_torchs_in_its_own_statement_only():
+    """The shuffle between two convolutions, in one statement: that statement alone becomes one
+    call of channel_shuffle, on the tensor it shuffled, with the groups as written (not ``self``,
+    not the whole body)."""
+    old = "        f = f.view(n, 2, c // 2, h, w).transpose(1, 2).contiguous().view(n, c, h, w)  # shuffle\n"
+    new = _new(old, rw.shuffle_by_torch)
+    assert new == "        f = torch.nn.functional.channel_shuffle(f, 2)  # shuffle\n"
+    f = _image(2, 8, 3, 5)
+    y = _same_math(old, new, {"f": f, "n": 2, "c": 8, "h": 3, "w": 5}, "f", exact=True)
+    assert y.is_contiguous(memory_format=CL)
+    assert _new("y = torch.flatten(x.reshape(b, g, c // g, h, w).permute(0, 2, 1, 3, 4), 1, 2)\n",
+                rw.shuffle_by_torch, torch="th") == "y = th.nn.functional.channel_shuffle(x, g)\n"
+
+
+def test_a_channel_shuffle_over_several_statements_becomes_one_and_a_return_of_it_joins():
+    old = ("    x = x.view(batchsize, groups, channels_per_group, height, width)\n"
+           "    # swap the groups\n"
+           "    x = torch.transpose(x, 1, 2).contiguous()\n"
+           "    x = x.view(batchsize, -1, height, width)\n")
+    new = _new(old, rw.shuffle_by_torch)
+    assert new == "    x = torch.nn.functional.channel_shuffle(x, groups)\n"
+    scope = {"x": _image(2, 6, 4, 4), "groups": 3, "batchsize": 2, "channels_per_group": 2, "height": 4, "width": 4}
+    _same_math(old, new, scope, "x", exact=True)
+    assert _new(old + "    return x\n", rw.shuffle_by_torch) == "    return torch.nn.functional.channel_shuffle(x, groups)\n"
+    two = "    s = t.view(n, g, c // g, h, w)\n    out = s.transpose(1, 2).reshape(n, c, h, w)\n"
+    assert _new(two, rw.shuffle_by_torch) == "    out = torch.nn.functional.channel_shuffle(t, g)\n"
+    assert rw.shuffle_temporaries(rw.cst.parse_module("if True:\n" + two)) == {"s"}
+
+
+@pytest.mark.parametrize("text", [
+    # a convolution before the shuffle, in the span: not the shuffle's, never dropped
+    "    f = self.a(x)\n    f = f.view(n, 2, c // 2, h, w).transpose(1, 2).contiguous().view(n, c, h, w)\n",
+    # a statement after it that is not the shuffle's
+    "    f = f.view(n, 2, c // 2, h, w).transpose(1, 2).contiguous().view(n, c, h, w)\n    return self.b(f)\n",
+    # the transpose of other dimensions: no shuffle
+    "    f = f.view(n, 2, c // 2, h, w).transpose(2, 3).contiguous().view(n, c, h, w)\n",
+    # not merged back
+    "    f = f.view(n, 2, c // 2, h, w).transpose(1, 2).contiguous()\n",
+    # merged into another rank
+    "    f = f.view(n, 2, c // 2, h, w).transpose(1, 2).contiguous().view(n, c, h * w)\n",
+    # a view of a contiguous-made copy that was not transposed
+    "    f = f.view(n, 2, c // 2, h, w).contiguous().view(n, c, h, w)\n",
+])
+def test_statements_that_are_not_exactly_a_channel_shuffle_are_refused(text):
+    with pytest.raises(Refused):
+        _new(text, rw.shuffle_by_torch)

@@ -300,7 +300,8 @@ def test_a_notebook_cells_fix_is_applied_and_verified(monkeypatch):
     assert set(f.frame["source"]) == {"Cell In[7], line 9", "Cell In[7], line 10"} and f.frame["automatic"].all()
     v = f.verify(model, x, **QUICK)
     assert v["applied"].all() and v["same_outputs"].all() and (v["hotspots_after"] == 0).all()
-    assert "not a file on disk" in f.patch()
+    assert "# Cell In[7] is no file on disk (a notebook cell, say): the fix is applied and verified in memory" \
+        in f.patch()
 
 
 # -- the zoo: every cause fixed automatically and verified, or by hand with its reason ----------------
@@ -494,3 +495,55 @@ def test_the_tolerance_rises_to_what_rounding_alone_moves_a_models_values_by():
     assert not verification.compare_values(before, after).same
     assert verification.compare_values(before, after, floor=steep).same
     assert not verification.compare_values(before, {"output 0": before["output 0"] * 2}, floor=steep).same
+
+
+SHUFFLED = '''\
+import torch
+from torch import nn
+
+
+class Shuffled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 8, 1), nn.Conv2d(8, 8, 1)
+
+    def forward(self, x):
+        f = self.a(x)
+        n, c, h, w = f.shape
+        f = f.view(n, 2, c // 2, h, w).transpose(1, 2).contiguous().view(n, c, h, w)
+        return self.b(f)
+'''
+
+
+@pytest.mark.parametrize("wrong, why", [
+    ("f = torch.nn.functional.channel_shuffle(self, 2)", "dropped: the fixed model raises TypeError: channel_shuffle()"),
+    ("f = torch.nn.functional.channel_shuffle(f, 4)", "dropped: the fixed model computes other values"),
+])
+def test_a_wrong_fix_is_dropped_with_its_reason_and_verify_does_not_raise(tmp_path, monkeypatch, wrong, why):
+    """A rewrite that makes the model raise, or compute other values: verify gives its row with
+    the reason, the fix is no longer automatic (apply and patch leave it), nothing raises."""
+    import libcst as cst
+
+    (tmp_path / "shuffled_user.py").write_text(SHUFFLED)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("shuffled_user")
+
+    def wrong_rewrite(tree, facts):
+        body, _ = _rewrite._statement_of(tree)
+        if len(body.body) != 1 or "transpose" not in _rewrite._code(body):
+            raise _rewrite.Refused("not the shuffle's statement")
+        return tree.with_deep_changes(body, body=[cst.parse_statement(wrong + "\n")])
+
+    monkeypatch.setattr(_rewrite, "shuffle_by_torch", wrong_rewrite)
+    torch.manual_seed(0)
+    model, x = module.Shuffled().to(memory_format=CL), torch.randn(2, 3, 6, 6).to(memory_format=CL)
+    f = auditor.suggest_fixes(auditor.audit(model, x))
+    assert list(f.frame["pattern"]) == ["channel_shuffle"] and f.frame["automatic"].all()
+    v = f.verify(model, x, **QUICK)
+    row = v.iloc[0]
+    assert row["kind"] == "fix" and row["reason"].startswith(why), row["reason"]
+    assert not f.frame["automatic"].iloc[0] and f.frame["reason"].iloc[0] == row["reason"].removeprefix("dropped: ")
+    together = v[v["kind"] == "all"].iloc[0]
+    assert not together["applied"] and together["reason"] == "no fix can be made automatically"
+    assert "+" + " " * 8 + wrong not in f.patch()
+    assert f.apply(model)["applied"].sum() == 0

@@ -613,56 +613,95 @@ def _weight_rebuilt_fix(c: CauseView) -> Proposal:
 
 @register_fix(patterns.CHANNEL_SHUFFLE.name)
 def _channel_shuffle_fix(c: CauseView) -> Proposal:
-    """A channel shuffle written view -> transpose -> .contiguous() -> view: when it is a function
-    of its own with (x, groups), its body becomes torch's format-keeping channel_shuffle."""
+    """A channel shuffle written view -> transpose -> .contiguous() -> view, in one statement or
+    over a few consecutive ones around the cause's line: exactly those statements become one call
+    of torch's format-keeping channel_shuffle."""
+    from libcst import ParserSyntaxError
+
     from . import _rewrite as rw
 
     detail = (f"this is a channel shuffle written as view -> transpose -> .contiguous() -> view, which writes "
               f"contiguous order ({c.what}); torch.nn.functional.channel_shuffle (nn.ChannelShuffle) computes the "
               f"same values and keeps {c.cl_name}")
+    suggestion = "x = torch.nn.functional.channel_shuffle(x, groups)"
     if c.path is None:
         return c.proposal(EDIT, detail, reason="the audit has no source line (audit with record_source=True)")
     line = linecache.getline(c.path, c.lineno).rstrip("\n")
+    reason = ""
     try:
-        statement, params = _function_body(c.path, c.lineno)
         fns = _functions(c.path, c.lineno)
+        if not fns:
+            raise rw.Refused("no function of the running program holds this line (run at the top level of a script)")
         facts = _facts(c, fns)
-        if facts.torch is None:
-            raise rw.Refused("torch is not imported where this function runs")
-        new = rw.rewrite(statement, [(rw.shuffle_by_torch(params), facts)])
+        for statement in _shuffle_spans(c.path, c.lineno):
+            try:
+                new = rw.rewrite(statement, [(rw.shuffle_by_torch, facts)])
+            except (rw.Refused, ParserSyntaxError) as exc:
+                reason = reason or str(getattr(exc, "message", exc))
+                continue
+            try:
+                _temporaries_unread(statement)
+            except rw.Refused as exc:  # a shuffle, whose rewrite would lose a name: the reason to give
+                reason = str(exc)
+                continue
+            try:  # a `return y` of the shuffled name right after it joins: `return channel_shuffle(...)`
+                count = sum(statement.first <= k <= statement.last for k in rw.statement_starts(c.path))
+                longer = rw.statements_from(c.path, statement.first, count + 1)
+                if longer.last > statement.last:
+                    new, statement = rw.rewrite(longer, [(rw.shuffle_by_torch, facts)]), longer
+            except (rw.Refused, ParserSyntaxError):
+                pass
+            return c.proposal(EDIT, detail, line=statement.text.rstrip("\n"), suggestion=new.rstrip("\n"),
+                              edit=(statement, rw.shuffle_by_torch, facts))
     except rw.Refused as exc:
-        return c.proposal(EDIT, detail, line=line, reason=str(exc),
-                          suggestion="x = torch.nn.functional.channel_shuffle(x, groups)")
-    return c.proposal(EDIT, detail, line=statement.text.rstrip("\n"), suggestion=new.rstrip("\n"),
-                      edit=(statement, rw.shuffle_by_torch(params), facts))
+        reason = str(exc)
+    return c.proposal(EDIT, detail, line=line, reason=f"{reason}: replace the shuffle by {suggestion} by hand",
+                      suggestion=suggestion)
 
 
-def _function_body(path: str, line: int) -> tuple[rw.Statement, tuple[str, str]]:
-    """(the body of the function that holds ``line``, less its docstring; its two positional
-    parameters), for a function that takes exactly those two."""
+#: how many statements a channel shuffle written by hand may take (split, swap, copy, merge, return)
+_SHUFFLE_STATEMENTS = 5
+
+
+def _shuffle_spans(path: str, line: int):
+    """The runs of consecutive statements of one block that hold ``line``, shortest first, the
+    ones that end later first among equals (a trailing ``return`` of the shuffled name joins)."""
     from . import _rewrite as rw
 
-    lines = linecache.getlines(path)
-    try:
-        tree = ast.parse("".join(lines))
-    except SyntaxError as exc:
-        raise rw.Refused(f"{path} does not parse") from exc
-    found = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-             and n.lineno <= line <= (n.end_lineno or n.lineno)]
-    if not found:
-        raise rw.Refused("the channel shuffle is not a function of its own: replace it by "
-                         "torch.nn.functional.channel_shuffle(x, groups) by hand")
-    fn = max(found, key=lambda n: n.lineno)
-    args = fn.args
-    positional = [a.arg for a in (*args.posonlyargs, *args.args)]
-    if len(positional) != 2 or args.vararg or args.kwarg or args.kwonlyargs:
-        raise rw.Refused(f"{fn.name} takes other parameters than (x, groups): replace its shuffle by hand")
-    body = fn.body
-    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
-            and isinstance(body[0].value.value, str):
-        body = body[1:]
-    first, last = body[0].lineno, max(n.end_lineno for n in body)
-    return rw.Statement(path, first, last, "".join(lines[first - 1:last])), (positional[0], positional[1])
+    starts = rw.statement_starts(path)
+    at = rw.statement_at(path, line).first
+    index = starts.index(at)
+    for count in range(1, _SHUFFLE_STATEMENTS + 1):
+        for first in range(index, index - count, -1):
+            if first < 0:
+                continue
+            try:
+                yield rw.statements_from(path, starts[first], count)
+            except rw.Refused:
+                continue
+
+
+def _temporaries_unread(statement: rw.Statement) -> None:
+    """Refuses where a name the shuffle's statements bind on the way (not its result) is read
+    after them in the function: the rewrite no longer binds it."""
+    import libcst as cst
+
+    from . import _rewrite as rw
+
+    indent = statement.text[:len(statement.text) - len(statement.text.lstrip(" \t"))]
+    module = cst.parse_module(("if True:\n" if indent else "") + statement.text)
+    temporaries = rw.shuffle_temporaries(module)
+    if not temporaries:
+        return
+    lines = linecache.getlines(statement.path)
+    tree = ast.parse("".join(lines))
+    holders = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module))
+               and (isinstance(n, ast.Module) or n.lineno <= statement.first <= (n.end_lineno or n.lineno))]
+    scope = max(holders, key=lambda n: getattr(n, "lineno", 0))
+    read = {n.id for n in ast.walk(scope) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+            and n.lineno > statement.last}
+    if temporaries & read:
+        raise rw.Refused(f"{', '.join(sorted(temporaries & read))}, bound on the way by the shuffle, is read after it")
 
 
 @register_fix(patterns.NO_CL_KERNEL.name)

@@ -20,6 +20,7 @@ import ast
 import contextlib
 import difflib
 import gc
+import inspect
 import linecache
 import os
 import sys
@@ -140,10 +141,21 @@ def live_functions(path: str, lines: Iterable[int]) -> list[types.FunctionType]:
         candidates = [o for o in gc.get_objects() if type(o) is types.FunctionType and o.__code__.co_filename == path]
     found = []
     for obj in candidates:
+        if not _is_def(_ORIGINAL.get(obj, obj.__code__)):
+            continue
         first, last = _span(_ORIGINAL.get(obj, obj.__code__))
         if any(first <= n <= last for n in wanted):
             found.append(obj)
     return found
+
+
+def _is_def(code: types.CodeType) -> bool:
+    """Whether ``code`` is a ``def``'s, the only code an edit recompiles. The code of a module
+    or a class body being run is held by a function object too while it runs (CPython 3.11 and
+    later make one for ``python train.py``'s ``__main__`` and for a notebook cell): it covers
+    every line, yet no edit recompiles it; its own functions are. Lambdas and comprehensions
+    (``<lambda>``, ``<listcomp>``) have no ``def`` to find either."""
+    return not code.co_name.startswith("<") and bool(code.co_flags & inspect.CO_OPTIMIZED)
 
 
 def _renumber(node: ast.AST, origin: dict[int, int]) -> None:
@@ -355,10 +367,18 @@ def patch_target(path: str) -> tuple[str, str]:
         if real.startswith(site_dir + os.sep):
             rel = os.path.relpath(real, site_dir)
             return rel, f"installed library file: a diff against {real} (apply with patch -p1 -d {site_dir})"
-    root = project_root(real) if os.path.exists(real) else None
+    if not os.path.exists(real):  # a notebook cell's code: IPython keeps its text, no file holds it
+        from .._recording._cells import readable
+
+        cell = readable([f"{path}:1"])[0].removesuffix(", line 1")
+        where = cell if cell != f"{path}:1" else path
+        return path, (f"{where} is no file on disk (a notebook cell, say): the fix is applied and verified in memory; "
+                      "edit the cell by hand as the diff shows")
+    root = project_root(real)
     if root is not None:
         return os.path.relpath(real, root), f"project file under {root} (apply there with git apply or patch -p1)"
-    return path, "not a file on disk (a notebook cell, say): edit it by hand"
+    folder = os.path.dirname(real)
+    return os.path.basename(real), f"file {real}, in no project (apply in {folder} with patch -p1 -d {folder})"
 
 
 def unified_diff(edits: Iterable[SourceEdit], context: int = 3) -> str:

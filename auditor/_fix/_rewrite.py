@@ -610,19 +610,115 @@ def flatten_in_memory_order(module: cst.Module, facts: Facts) -> cst.Module:
     return _replace_all(module, [(inner, new_inner), (outer, new_outer)])
 
 
-@functools.cache  # one rewrite for one argument: two causes of one statement rewrite it once
-def shuffle_by_torch(params: tuple[str, str]) -> Callable[[cst.Module, Facts], cst.Module]:
-    """The rewrite of a channel shuffle function's body (``x.view -> transpose -> .contiguous()
-    -> view``) into ``return torch.nn.functional.channel_shuffle(x, groups)``, whose values are
-    the same and which keeps the format (channel_shuffle); ``params`` are the function's two."""
-    def shuffle(module: cst.Module, facts: Facts) -> cst.Module:
-        if facts.torch is None:
-            raise Refused("torch is not imported where this function runs")
-        body, _ = _statement_of(module)
-        statement = cst.parse_statement(f"return {facts.torch}.nn.functional.channel_shuffle({params[0]}, {params[1]})\n")
-        return module.with_deep_changes(body, body=[statement]) if body is not module else module.with_changes(
-            body=[statement])
-    return shuffle
+#: the steps of a channel shuffle written by hand, in order: a tensor split into (N, g, C/g, ...),
+#: its two group dimensions swapped, made contiguous (optional before a reshape), merged back
+_PLAIN, _SPLIT, _SWAPPED, _COPIED, _MERGED = range(5)
+
+
+@dataclass(frozen=True)
+class _Step:
+    stage: int
+    source: str = ""  #: the tensor shuffled (code), from the split on
+    groups: str = ""  #: the number of groups (code): the split's second size
+    rank: int = 0  #: of the split view
+
+
+def _shuffle_step(node, names: dict[str, _Step], torch_name: str | None) -> _Step:
+    """Which step of a channel shuffle ``node`` computes, given the steps ``names`` hold."""
+    if isinstance(node, cst.Name) and node.value in names:
+        return names[node.value]
+    if not isinstance(node, cst.Call):
+        return _Step(_PLAIN)
+    name = _callee(node)
+    positional = [a.value for a in node.args if a.keyword is None and not a.star]
+    if len(positional) != len(node.args):
+        return _Step(_PLAIN)
+    if _is_method(node, torch_name):
+        inner, args = _shuffle_step(node.func.value, names, torch_name), positional
+    elif name in ("transpose", "flatten") and positional:  # torch.transpose(x, 1, 2)
+        inner, args = _shuffle_step(positional[0], names, torch_name), positional[1:]
+    else:
+        return _Step(_PLAIN)
+    if name in ("view", "reshape"):
+        sizes = [e.value for e in args[0].elements] if len(args) == 1 and isinstance(args[0], cst.Tuple) else args
+        if inner.stage == _PLAIN and len(sizes) >= 4:
+            return _Step(_SPLIT, _code(node.func.value), _code(sizes[1]), len(sizes))
+        if (inner.stage == _COPIED or (inner.stage == _SWAPPED and name == "reshape")) and len(sizes) == inner.rank - 1:
+            return _Step(_MERGED, inner.source, inner.groups, inner.rank)
+    elif name in ("transpose", "swapaxes", "swapdims") and inner.stage == _SPLIT:
+        if len(args) == 2 and {_int(a) for a in args} == {1, 2}:
+            return _Step(_SWAPPED, inner.source, inner.groups, inner.rank)
+    elif name == "permute" and inner.stage == _SPLIT:
+        order = [_int(a) for a in args] if len(args) > 1 else list(_ints(args[0]) or []) if args else []
+        if order == [0, 2, 1, *range(3, inner.rank)]:
+            return _Step(_SWAPPED, inner.source, inner.groups, inner.rank)
+    elif name == "contiguous" and not args and inner.stage == _SWAPPED:
+        return _Step(_COPIED, inner.source, inner.groups, inner.rank)
+    elif name == "flatten" and inner.stage in (_SWAPPED, _COPIED) and [_int(a) for a in args] == [1, 2]:
+        return _Step(_MERGED, inner.source, inner.groups, inner.rank)
+    return _Step(_PLAIN)
+
+
+def shuffle_by_torch(module: cst.Module, facts: Facts) -> cst.Module:
+    """The rewrite of a channel shuffle written by hand (``x.view(n, g, c // g, h, w)``, then
+    ``.transpose(1, 2)`` and ``.contiguous()``, then ``.view(n, c, h, w)``), in one statement or
+    over consecutive ones, into one ``y = torch.nn.functional.channel_shuffle(x, g)``, whose
+    values are the same and which keeps the format. The statements must be exactly the shuffle's:
+    the first splits the tensor, each one after takes the step before it further, the last
+    merges the channels back (or returns the merged name): a statement that does anything else
+    refuses, so nothing but the shuffle is replaced. Whether the names the shuffle's steps bind
+    are read after it is for the caller to check (:func:`shuffle_temporaries`)."""
+    if facts.torch is None:
+        raise Refused("torch is not imported where this line runs")
+    body, last = _statement_of(module)
+    statements = list(body.body)
+    names: dict[str, _Step] = {}
+    step = _Step(_PLAIN)
+    target = None
+    for k, line in enumerate(statements):
+        if not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1:
+            raise Refused("the shuffle's statements are not simple ones")
+        small = line.body[0]
+        if isinstance(small, cst.Return) and k == len(statements) - 1 and k > 0 \
+                and isinstance(small.value, cst.Name) and small.value.value == target:
+            target = None
+            break
+        if not (isinstance(small, cst.Assign) and len(small.targets) == 1
+                and isinstance(small.targets[0].target, cst.Name)) and not (
+                isinstance(small, cst.Return) and small.value is not None and k == len(statements) - 1):
+            raise Refused("a statement of the shuffle is not an assignment to one name")
+        new = _shuffle_step(small.value, names, facts.torch)
+        if new.stage == _PLAIN or (k == 0) != (step.stage == _PLAIN) or new.stage <= step.stage \
+                or (k > 0 and new.source != step.source):
+            raise Refused("these statements are not a channel shuffle written view -> transpose -> .contiguous() "
+                          "-> view, and only that")
+        step = new
+        target = small.targets[0].target.value if isinstance(small, cst.Assign) else None
+        if target is not None:
+            names[target] = step
+    if step.stage != _MERGED:
+        raise Refused("the channels are not merged back (view or reshape to the map's shape) in these statements")
+    call = f"{facts.torch}.nn.functional.channel_shuffle({step.source}, {step.groups})"
+    written = cst.parse_statement(f"{target} = {call}\n" if target is not None else f"return {call}\n")
+    written = written.with_changes(leading_lines=statements[0].leading_lines,
+                                   trailing_whitespace=statements[-1].trailing_whitespace)
+    return module.with_deep_changes(body, body=[written]) if body is not module else module.with_changes(
+        body=[written])
+
+
+def shuffle_temporaries(module: cst.Module) -> set[str]:
+    """The names a shuffle's statements bind other than its last one's: :func:`shuffle_by_torch`
+    binds none of them, so none may be read after it."""
+    body, _ = _statement_of(module)
+    names: set[str] = set()
+    for line in body.body[:-1]:
+        for small in getattr(line, "body", ()):
+            if isinstance(small, cst.Assign):
+                names |= {t.target.value for t in small.targets if isinstance(t.target, cst.Name)}
+    last = body.body[-1].body[0] if isinstance(body.body[-1], cst.SimpleStatementLine) else None
+    if isinstance(last, cst.Assign):
+        names -= {t.target.value for t in last.targets if isinstance(t.target, cst.Name)}
+    return names
 
 
 # -- joins: a token or row tensor made into a map, candidates that verification proves -------------

@@ -350,8 +350,9 @@ class Fixes:
             if p is not None and p.extra.get("candidates"):
                 rows.append(self._prove_candidates(n, p, step, warmup, seed, timing))
             else:
-                rows.append(self._verify_one([n], step, warmup, seed, timing))
+                rows.append(self._verify_one_or_drop(n, step, warmup, seed, timing))
         self._not_automatic_where_contiguous_hurts(rows)
+        self._not_automatic_where_values_change(rows)
         if len(self) > 0:
             together, found = self._together(step, warmup, seed, timing, exposed, rows)
             self._removed_together(rows, together)
@@ -415,6 +416,39 @@ class Fixes:
                 "saving_high_us": saving.saving_high_us, "ratio": saving.ratio, "ratio_low": saving.ratio_low,
                 "ratio_high": saving.ratio_high, "rounds": saving.rounds,
                 "verdict": verification.verdict(True, same, saving, _contiguous_pair(out)), "_after": after}
+
+    def _verify_one_or_drop(self, n: int, step: Step, warmup: int, seed: int, timing: dict) -> dict:
+        """Fix ``n``'s row (:meth:`_verify_one`); where the fixed model raises (a wrong edit, a
+        swap that does not fit), the fix is dropped: no longer automatic, its row not applied,
+        both saying what it raised. A wrong fix never makes verify raise."""
+        try:
+            return self._verify_one([n], step, warmup, seed, timing)
+        except Exception as exc:  # the fixed model raises: the fix is wrong for this model
+            why = f"the fixed model raises {_raised(exc)}"
+            self._drop(n, why)
+            return {"kind": "fix", "fix": n, "cause": int(self._row(n)["cause"]), "pattern": self._row(n)["pattern"],
+                    "source": self._row(n)["source"], "estimated_us": self._estimate([n]), "applied": False,
+                    "reason": f"dropped: {why}", "verdict": verification.NOT_APPLIED,
+                    "hotspots_before": self._groups([n]), "hotspots_after": pd.NA,
+                    "contiguous_hotspots_before": getattr(self, "_contiguous_before", pd.NA),
+                    "contiguous_hotspots_after": pd.NA}
+
+    def _drop(self, n: int, why: str) -> None:
+        """Fix ``n`` is no longer automatic (:meth:`apply` and :meth:`patch` leave it), saying why."""
+        p = self._proposals.get(n)
+        if p is not None:
+            p.reason = why
+        self._set_row(n, automatic=False, reason=why)
+
+    def _not_automatic_where_values_change(self, rows: list[dict]) -> None:
+        """A fix whose verdict is ``changes outputs`` is dropped: no longer automatic, with the
+        largest difference it made."""
+        for r in rows:
+            if r.get("kind") == "fix" and r.get("verdict") == verification.CHANGES_OUTPUTS:
+                why = (f"the fixed model computes other values (largest relative difference "
+                       f"{float(r.get('max_rel_diff', float('nan'))):.1e})")
+                self._drop(int(r["fix"]), why)
+                r["reason"] = f"dropped: {why}"
 
     def _prove_candidates(self, n: int, p: Proposal, step: Step, warmup: int, seed: int, timing: dict) -> dict:
         """Fix ``n``'s candidate rewrites tried in turn on the model: the first that passes every
@@ -543,8 +577,14 @@ class Fixes:
             except Exception as exc:
                 proved = [n for n in self._numbers(None) if self._row(n)["automatic"]
                           and (self._proposals.get(n) is not None and self._proposals[n].extra.get("candidates"))]
-                if not proved:
-                    raise
+                if not proved:  # never raise for a wrong fix: the row says what the fixes together raise
+                    numbers = self._numbers(None)
+                    return {"kind": "all", "fix": 0, "cause": 0, "pattern": "", "source": "", "applied": False,
+                            "reason": f"the automatic fixes made together raise {_raised(exc)}",
+                            "verdict": verification.NOT_APPLIED, "hotspots_before": self._groups(numbers),
+                            "hotspots_after": pd.NA,
+                            "contiguous_hotspots_before": getattr(self, "_contiguous_before", pd.NA),
+                            "contiguous_hotspots_after": pd.NA, "estimated_us": self._estimate(numbers)}, []
                 n = proved[-1]
                 why = (f"proved alone, but the automatic fixes made together with it raise {type(exc).__name__}: "
                        f"{str(exc).splitlines()[0][:120] if str(exc) else ''}")
@@ -627,6 +667,12 @@ def _contiguous_groups(step: Step, model: nn.Module, warmup: int):
     except Exception:
         return pd.NA
     return int(len(found.hotspots())) if found.complete else pd.NA
+
+
+def _raised(exc: BaseException) -> str:
+    """``TypeError: its first line``, for a reason."""
+    text = str(exc).splitlines()[0][:160] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _contiguous_pair(row: dict) -> tuple[object, object]:
