@@ -412,23 +412,24 @@ def test_a_new_map_that_meets_an_image_is_copied_into_the_images_format_where_th
     assert row["reason"].startswith(f"candidate {first.label} proved")
 
 
-def test_a_join_left_by_hand_says_which_op_made_the_map_and_from_what_as_recorded():
-    """Met in a cat, the grid has no image to follow where they meet: by hand. Every by-hand
-    reason is true: the op, the shape it made and the shapes it read are those the recording has
-    at the line."""
+def zeros_grid(B, H, W):
+    return torch.zeros(B, 2, H, W)
+
+
+@pytest.mark.parametrize("grid", [coords_grid, zeros_grid])
+def test_a_grid_met_in_a_cat_is_a_join_of_mixed_formats_whose_by_hand_reason_is_true(grid):
+    """Met in a cat, the grid is the odd input of a join of mixed formats (not a map made from no
+    image): its fix converts the grid, and where the image comes after it in the list and is no
+    plain name, the reason says so, which is what the line shows."""
     torch.manual_seed(0)
-    model = Flow(meet="cat").to(memory_format=torch.channels_last)
+    model = Flow(grid=grid, meet="cat").to(memory_format=torch.channels_last)
     a = auditor.audit(model, torch.randn(2, 3, 8, 8).contiguous(memory_format=torch.channels_last))
     fixes = auditor.suggest_fixes(a)
-    joins = fixes.frame[fixes.frame["pattern"] == "joins"].iloc[0]
-    assert not joins["automatic"] and "candidate" not in joins["reason"]
-    events, tensors = a.events, a.tensors
-    at = events[events["source"].astype(str).str.endswith(joins["source"]) & (events["phase"] == "forward")]
-    made = at[at["op"] == "aten._to_copy.default"].iloc[0]
-    rows = tensors[tensors["seq"] == made["seq"]]
-    shape = {role: "x".join(map(str, torch.Size(eval(s)))) for role, s in zip(rows["role"], rows["shape"])}
-    assert joins["reason"].startswith(f"_to_copy makes a map ({shape['output']}) from tensors shaped "
-                                      f"{shape['input']}, none of them an image of the convolutions, at ")
+    assert list(fixes.frame["pattern"]) == ["mixed_join"]
+    join = fixes.frame.iloc[0]
+    assert join["op"] == "aten.cat.default" and not join["automatic"]
+    assert "torch.cat([self.grid(B, H, W), self.conv1(x)], 1)" in join["line"]
+    assert join["reason"].startswith("the odd tensor (at index 0) comes before the tensor in the format (at index 1)")
 
 
 class WindowsOverStatements(Windows):
@@ -548,20 +549,6 @@ def test_a_proved_candidate_that_raises_with_the_other_fixes_is_taken_back(monke
     assert "(attn @ v.transpose(-2, -1))" not in fixes.patch()  # the rewrite is left out of the diff
     assert not fixes.apply(model).set_index("fix").loc[product, "applied"]
     fixes.undo()
-
-
-def zeros_grid(B, H, W):
-    return torch.zeros(B, 2, H, W)
-
-
-def test_a_new_map_made_of_nothing_is_said_to_be_new():
-    torch.manual_seed(0)
-    model = Flow(grid=zeros_grid, meet="cat").to(memory_format=torch.channels_last)
-    fixes = auditor.suggest_fixes(auditor.audit(model, torch.randn(2, 3, 8, 8).contiguous(
-        memory_format=torch.channels_last)))
-    joins = fixes.frame[fixes.frame["pattern"] == "joins"].iloc[0]
-    assert not joins["automatic"]
-    assert joins["reason"].startswith("zeros makes a map (2x2x8x8) from no tensor (a new one) at "), joins["reason"]
 
 
 class FoldOverStatements(Windows):

@@ -77,10 +77,17 @@ class CauseTracer:
         self.size_notes: dict[int, str] = {}
 
     # -- which rows -------------------------------------------------------------------------
-    def _rows(self, e: int) -> range:
+    # what the fix generators read of an op: its rows in the log, by argument
+
+    def rows(self, e: int) -> range:
+        """The log's rows of event ``e``: its tensor arguments, then its outputs."""
         return range(int(self.bounds[e]), int(self.bounds[e + 1]))
 
-    def _image_inputs(self, e: int) -> list[int]:
+    def input_rows(self, e: int) -> list[int]:
+        """The rows of ``e``'s tensor arguments, in argument order."""
+        return [r for r in self.rows(e) if not self.is_out[r]]
+
+    def image_inputs(self, e: int) -> list[int]:
         """The rows of ``e``'s activation inputs that are images, feed a convolution, or meet an
         image of their shape as a peer (as :func:`auditor._recording._rules.classify` counts them)."""
         rows = self.graph.act_rows.get(e, [])
@@ -101,17 +108,19 @@ class CauseTracer:
         rows = [r for r in self.graph.act_rows.get(e, []) if self.arg[r] in _JOINED and self.ndim[r] in (4, 5)
                 and self.size[r] > 0]
         formats = [base_format(self.label[r]) for r in rows]
-        out = self._output(e)
+        out = self.output_row(e)
         if not any(f in _CL for f in formats) or out < 0 or base_format(self.label[out]) in _CL:
             return []
         return [r for r, f in zip(rows, formats) if f in ("contiguous", "other")]
 
-    def _output(self, e: int) -> int:
-        outs = [r for r in self._rows(e) if self.is_out[r]]
+    def output_row(self, e: int) -> int:
+        """The row of ``e``'s first output; -1 without one."""
+        outs = [r for r in self.rows(e) if self.is_out[r]]
         return outs[0] if outs else -1
 
-    def _weight_row(self, e: int) -> int:
-        return next((r for r in self._rows(e) if not self.is_out[r] and self.arg[r] == "weight"), -1)
+    def weight_row(self, e: int) -> int:
+        """The row of ``e``'s ``weight`` argument; -1 without one."""
+        return next((r for r in self.rows(e) if not self.is_out[r] and self.arg[r] == "weight"), -1)
 
     @staticmethod
     def _off(fmt: str) -> bool:
@@ -130,7 +139,7 @@ class CauseTracer:
     def _cause(self, h: int, seen: set) -> tuple[int, str]:
         seen.add(h)
         kind = self.kind[h]
-        blamed = [r for r in self._image_inputs(h) if self._off(self.effective[r] or self.label[r])]
+        blamed = [r for r in self.image_inputs(h) if self._off(self.effective[r] or self.label[r])]
         if self.is_conv[h] and self.weight_permuted[h] and not blamed:
             return self._weight_cause(h)
         copies = self.copy[h] or self.folds[h]
@@ -175,10 +184,10 @@ class CauseTracer:
             kind = self.kind[p]
             if kind in (rules.LOSES, rules.CONVERTS, rules.RESTORES) or self.is_conv[p]:
                 return self._cause(p, seen)
-            ins = [] if rules.is_factory(self.op[p]) else self._image_inputs(p)
+            ins = [] if rules.is_factory(self.op[p]) else self.image_inputs(p)
             if not ins:  # the data entered the image path here (a factory reads none); a view is never a cause
                 while self._aliases(p):
-                    first = next((r for r in self._rows(p) if not self.is_out[r]), -1)
+                    first = next((r for r in self.rows(p) if not self.is_out[r]), -1)
                     q = int(self.graph.producer[first]) if first >= 0 else -1
                     if q < 0:
                         break
@@ -194,25 +203,25 @@ class CauseTracer:
         given): it moved no data."""
         if self.view.kind[p] == rules.VIEW:
             return True
-        outs = [r for r in self._rows(p) if self.is_out[r]]
+        outs = [r for r in self.rows(p) if self.is_out[r]]
         if not outs:
             return False
         if all(self.is_view[r] for r in outs):
             return True
-        ins = {int(self.tid[r]) for r in self._rows(p) if not self.is_out[r]}
+        ins = {int(self.tid[r]) for r in self.rows(p) if not self.is_out[r]}
         return all(int(self.tid[r]) in ins for r in outs)
 
     def _weight_cause(self, h: int) -> tuple[int, str]:
         """A convolution permutes its weight: the op that rebuilt the weight in another format,
         or the convolution itself when the stored parameter is in the other format."""
-        w = self._weight_row(h)
+        w = self.weight_row(h)
         p = int(self.graph.producer[w]) if w >= 0 else -1
         seen = set()
         while p >= 0 and p not in seen:
             seen.add(p)
             if self._changes_weight_format(p):
                 return p, WEIGHT
-            first = next((r for r in self._rows(p) if not self.is_out[r]), -1)
+            first = next((r for r in self.rows(p) if not self.is_out[r]), -1)
             p = int(self.graph.producer[first]) if first >= 0 else -1
         return h, WEIGHT
 
@@ -220,8 +229,8 @@ class CauseTracer:
         """``p`` wrote the weight's data in another physical order than it read: a copy into
         another format, or a reshape that had to copy a channels_last weight (which it writes in
         contiguous order whatever rank it returns)."""
-        out = self._output(p)
-        src = next((r for r in self._rows(p) if not self.is_out[r]), -1)  # the data: the first argument
+        out = self.output_row(p)
+        src = next((r for r in self.rows(p) if not self.is_out[r]), -1)  # the data: the first argument
         if out < 0 or src < 0 or self.ndim[src] not in (4, 5) or self.view.kind[p] == rules.VIEW:
             return False
         a = base_format(self.label[src])
@@ -274,8 +283,8 @@ class CauseTracer:
         if self.is_conv[c]:
             return patterns.CONV_NO_KERNEL.name
         origin = int(self.forward_seq[c]) if self.phase[c] == "backward" else -1
-        ins = self._image_inputs(c)
-        src = ins[0] if ins else next((r for r in self._rows(c) if not self.is_out[r]), -1)
+        ins = self.image_inputs(c)
+        src = ins[0] if ins else next((r for r in self.rows(c) if not self.is_out[r]), -1)
         if origin >= 0 and self._inplace_on_view(origin):
             return patterns.INPLACE_VIEW.name
         if origin >= 0 and self._channel_slice(origin):
@@ -307,17 +316,17 @@ class CauseTracer:
         for x in self.graph.consumers.get(c, []):
             if rules.op_packet(self.op[x]) == "aten._unsafe_view":
                 return True
-            out = self._output(x)
-            if self.view.kind[x] == rules.VIEW and out >= 0 and self.ndim[out] != self.ndim[self._output(c)]:
+            out = self.output_row(x)
+            if self.view.kind[x] == rules.VIEW and out >= 0 and self.ndim[out] != self.ndim[self.output_row(c)]:
                 return True
         return False
 
     def _inplace_on_view(self, e: int) -> bool:
         """``e`` wrote, in place, a tensor that is a view of another."""
-        first = next((r for r in self._rows(e) if not self.is_out[r]), -1)
-        if first < 0 or not any(self.is_out[r] for r in self._rows(e)):
+        first = next((r for r in self.rows(e) if not self.is_out[r]), -1)
+        if first < 0 or not any(self.is_out[r] for r in self.rows(e)):
             return False
-        out = self._output(e)
+        out = self.output_row(e)
         tid = self.view.tensors["tid"].to_numpy()
         return tid[out] == tid[first] and self.graph.root[tid[first]] != tid[first]
 
@@ -325,8 +334,8 @@ class CauseTracer:
         """``e`` is a view that took some of its image input's channels."""
         if self.view.kind[e] != rules.VIEW or not rules.op_packet(self.op[e]).startswith(_SLICES):
             return False
-        ins = self._image_inputs(e)
-        out = self._output(e)
+        ins = self.image_inputs(e)
+        out = self.output_row(e)
         if not ins or out < 0:
             return False
         a, b = parse_tuple(self.shape[ins[0]]), parse_tuple(self.shape[out])
@@ -335,8 +344,8 @@ class CauseTracer:
 
     def _spatial_reduction(self, e: int) -> bool:
         """``e`` reduced an image over all its spatial dimensions (a global mean or pool)."""
-        ins = self._image_inputs(e)
-        out = self._output(e)
+        ins = self.image_inputs(e)
+        out = self.output_row(e)
         if not ins or out < 0:
             return False
         a, b = parse_tuple(self.shape[ins[0]]), parse_tuple(self.shape[out])
@@ -357,7 +366,7 @@ class CauseTracer:
         if patterns.pattern(pattern).replaces == patterns.WRITE:
             own += [int(self.forward_seq[m]) for m in own if self.phase[m] == "backward" and self.forward_seq[m] >= 0]
             for m in own:
-                ins = self._image_inputs(m)
+                ins = self.image_inputs(m)
                 if ins and self.ndim[ins[0]] > self.rank[ins[0]]:
                     p = int(self.graph.producer[ins[0]])
                     if p >= 0 and set(self.graph.consumers.get(p, [])) == {m} and self._stacks(p, ins[0]):
@@ -392,8 +401,8 @@ class CauseTracer:
         for e in events:
             if self.view.kind[e] == rules.VIEW:
                 continue
-            out = self._output(e)
-            sizes = [int(self.size[r]) for r in self._image_inputs(e)] + ([int(self.size[out])] if out >= 0 else [])
+            out = self.output_row(e)
+            sizes = [int(self.size[r]) for r in self.image_inputs(e)] + ([int(self.size[out])] if out >= 0 else [])
             moved.append(float(max(sizes, default=0)))
         return moved
 
@@ -415,7 +424,7 @@ class CauseTracer:
         elements (a level no element fell in: an FPN level without a region); "" where it read
         none (:meth:`pixel_note` for the rest)."""
         empty = [] if rules.is_factory(self.op[e]) else [  # a factory reads no data
-            r for r in self._rows(e) if not self.is_out[r] and self.ndim[r] >= 2 and 0 in parse_tuple(self.shape[r])]
+            r for r in self.rows(e) if not self.is_out[r] and self.ndim[r] >= 2 and 0 in parse_tuple(self.shape[r])]
         if not empty:
             return ""
         shapes = ", ".join(dict.fromkeys("x".join(map(str, parse_tuple(self.shape[r]))) for r in empty))
@@ -434,7 +443,7 @@ class CauseTracer:
         if made is None:
             return ""
         op = rules.op_packet(self.op[made]).removeprefix("aten.")
-        shape = "x".join(map(str, parse_tuple(self.shape[self._output(made)])))
+        shape = "x".join(map(str, parse_tuple(self.shape[self.output_row(made)])))
         return (f"at the audited size the map here is 1x1 ({shape}, made by the {op} at "
                 f"{self.source[made] or self.module[made]}), in both formats at once; at a larger input it is not, "
                 "and the cause may not happen: audit at the model's own input size too")
@@ -446,10 +455,10 @@ class CauseTracer:
     def _shrinks(self, p: int) -> bool | None:
         """Whether ``p`` made a 1x1 map from a larger one (True), passed a 1x1 map on (None), or
         neither (False)."""
-        out = self._output(p)
+        out = self.output_row(p)
         if out < 0 or not self._one_pixel(out):
             return False
-        ins = [r for r in self._image_inputs(p) if self.ndim[r] == self.ndim[out]]
+        ins = [r for r in self.image_inputs(p) if self.ndim[r] == self.ndim[out]]
         if not ins:
             return False
         return None if all(self._one_pixel(r) for r in ins) else True
@@ -463,7 +472,7 @@ class CauseTracer:
             shrinks = self._shrinks(p)
             if shrinks:
                 return p if self._size_dependent(p) else None
-            ins = [r for r in self._image_inputs(p) if self._one_pixel(r)]
+            ins = [r for r in self.image_inputs(p) if self._one_pixel(r)]
             if not ins:
                 return None
             p = int(self.graph.producer[ins[0]])
@@ -480,7 +489,7 @@ class CauseTracer:
             return False
         if self.is_conv[p]:
             return True
-        ins = [r for r in self._image_inputs(p) if self.ndim[r] in (4, 5)]
+        ins = [r for r in self.image_inputs(p) if self.ndim[r] in (4, 5)]
         return bool(ins) and all(s <= 3 for s in parse_tuple(self.shape[ins[0]])[2:])
 
     def support(self, e: int) -> str:
@@ -571,8 +580,8 @@ def _cause_rows(view, tracer: CauseTracer, keys, kinds, order, group_of_event, s
         symptoms = np.flatnonzero(group_of_event == number + 1)
         # a weight rebuilt every step: the rebuilding copy is part of its cost
         rebuilt = [m for m in members if kind == WEIGHT and not tracer.is_conv[m] and m not in set(symptoms.tolist())
-                   and tracer._output(m) >= 0]
-        rebuilt_bytes = sum(int(tracer.size[tracer._output(m)]) for m in rebuilt)
+                   and tracer.output_row(m) >= 0]
+        rebuilt_bytes = sum(int(tracer.size[tracer.output_row(m)]) for m in rebuilt)
         own, passes = ([], []) if kind == WEIGHT else tracer.replaced(members, pattern)
         others = [int(h) for h in symptoms if h not in set(own)]
         own_saving = own_saving_us(ops, hidden, pattern, own, tracer.pass_bytes(passes), *costs)
@@ -617,8 +626,8 @@ def _reduces(op: str) -> bool:
 
 def _fix_text(view: FlowView, tracer: CauseTracer, c: int, pattern: str, members: list[int] = (),
               symptoms: list[int] = ()) -> str:
-    rank = next((int(tracer.rank[r]) for r in tracer._image_inputs(c)), 4)
-    out = tracer._output(c)
+    rank = next((int(tracer.rank[r]) for r in tracer.image_inputs(c)), 4)
+    out = tracer.output_row(c)
     fmt = base_format(tracer.label[out]) if out >= 0 else "contiguous"
     if fmt not in ("contiguous", *_CL):  # not an image itself (a token tensor): its dense order
         fmt = "another"

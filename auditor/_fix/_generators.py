@@ -169,7 +169,7 @@ class CauseView:
     def shapes(self, e: int) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
         """(input shapes, output shapes) of event ``e``."""
         t = self.tracer
-        rows = t._rows(e)
+        rows = t.rows(e)
         ins = [parse_tuple(t.shape[r]) for r in rows if not t.is_out[r]]
         outs = [parse_tuple(t.shape[r]) for r in rows if t.is_out[r]]
         return ins, outs
@@ -572,7 +572,7 @@ def _base_read_after(c: CauseView) -> str:
     """Why writing ``c``'s in-place op out of place would change the program (its view's base,
     through another alias, is read after it), or ""."""
     t, e = c.tracer, c.forward
-    ins = [r for r in t._rows(e) if not t.is_out[r]]
+    ins = t.input_rows(e)
     if not ins:
         return ""
     tid = c.view.tensors["tid"].to_numpy()
@@ -775,7 +775,7 @@ def _recorded_convs(c: CauseView) -> tuple[dict, dict]:
     fed_other = [int(e) for e in at_line if str(view.ops.at[int(e), "in_format"]) != c.cl_name]
     for m in [*c.members, *fed_other]:
         e = int(fseq[m]) if fseq[m] >= 0 else m
-        w = c.tracer._weight_row(e)
+        w = c.tracer.weight_row(e)
         ins, outs = c.shapes(e)
         if w < 0 or not ins or not outs or len(ins[0]) != 5:
             continue
@@ -900,7 +900,7 @@ def _map_split(c: CauseView) -> int | None:
 
 def _in_format(c: CauseView, x: int) -> bool:
     """Whether event ``x``'s first input is a map dense in the format (its channels innermost)."""
-    rows = [r for r in c.tracer._rows(x) if not c.tracer.is_out[r]]
+    rows = c.tracer.input_rows(x)
     return bool(rows) and _row_in_format(c, rows[0])
 
 
@@ -935,7 +935,7 @@ def _copied_map(c: CauseView) -> str | None:
     for x in c.members[:1] + [c.forward]:
         if not c.tracer.op[x].startswith("aten.clone"):
             continue
-        rows = [r for r in c.tracer._rows(x) if not c.tracer.is_out[r]]
+        rows = c.tracer.input_rows(x)
         if not rows:
             continue
         shape, stride = parse_tuple(c.tracer.shape[rows[0]]), parse_tuple(strides[rows[0]])
@@ -993,7 +993,7 @@ def _first_meeting(c: CauseView) -> int | None:
                 continue
             op = str(c.tracer.op[k])
             if op.startswith(_FIRST_OPERAND_DECIDES):
-                rows = [r for r in c.tracer._rows(k) if not c.tracer.is_out[r]]
+                rows = c.tracer.input_rows(k)
                 if len(rows) == 2 and int(producer[rows[0]]) in chain and _row_in_format(c, rows[1]):
                     return k
                 continue
@@ -1287,7 +1287,7 @@ def _made_before(c: CauseView, steps: int) -> list[int]:
     out, e = [c.forward], c.forward
     producer = c.tracer.graph.producer
     for _ in range(steps):
-        rows = [r for r in c.tracer._rows(e) if not c.tracer.is_out[r]]
+        rows = c.tracer.input_rows(e)
         if not rows or int(producer[rows[0]]) < 0:
             break
         e = int(producer[rows[0]])
@@ -1362,7 +1362,7 @@ def _moves_back(c: CauseView, last: int, statement) -> list[int]:
     out, e = [], last
     while e >= 0 and str(c.view.op[e]) in _MOVES and recorded(str(c.view.source[e])) in lines:
         out.append(e)
-        rows = [r for r in c.tracer._rows(e) if not c.tracer.is_out[r]]
+        rows = c.tracer.input_rows(e)
         e = int(producer[rows[0]]) if rows else -1
     return out or [last]
 
@@ -1399,17 +1399,22 @@ def _mixed_join_fix(c: CauseView) -> Proposal:
     found = _candidate(c, "the odd tensor converted to the others' format", _convert_joined(odd, ref))
     if found is None:
         line = linecache.getline(c.path, c.lineno).rstrip("\n")
-        return c.proposal(EDIT, detail, line=line,
-                          reason=f"this line has no one call of cat or stack with a list of {_count_joined(c)} tensors "
-                                 "written out, whose odd one (at index " + ", ".join(map(str, odd)) + ") could be "
-                                 "converted")
+        places = ", ".join(map(str, odd))
+        if ref > min(odd):
+            why = (f"the odd tensor (at index {places}) comes before the tensor in the format (at index {ref}) in the "
+                   "list, which is no plain name, so its format cannot be read where the odd one is converted: name "
+                   "that tensor in a statement before the join, then convert the odd one to its format")
+        else:
+            why = (f"this line has no one call of cat or stack with a list of {_count_joined(c)} tensors written out, "
+                   f"whose odd one (at index {places}) could be converted")
+        return c.proposal(EDIT, detail, line=line, reason=why)
     return c.proposal(EDIT, detail, line=found.line, suggestion=found.suggestion, edit=found.edit)
 
 
 def _joined_rows(c: CauseView, e: int) -> list[int]:
     """The rows of the tensors event ``e`` joins, in the order of its list."""
     t = c.tracer
-    return [r for r in t._rows(e) if not t.is_out[r] and t.arg[r] == "tensors"]
+    return [r for r in t.input_rows(e) if t.arg[r] == "tensors"]
 
 
 def _count_joined(c: CauseView) -> int:
