@@ -17,7 +17,11 @@ from .._recording._formats import AMBIGUOUS, NOT_APPLICABLE, VIEW_SUFFIX, format
 
 CONVERSION_COLUMNS = ["graph", "phase", "kernel", "from_format", "to_format", "bytes", "time_us", "source", "module",
                       "reason", "weight", "buffers", "note"]
-GRAPH_COLUMNS = ["graph", "phase", "layout_opt", "layout_opt_reason", "convolutions", "kernels", "conversions",
+#: why a graph has its layout: the rule of Inductor's ``decide_layout_opt`` that decided it, a
+#: sentence with its numbers, the numbers, the convolutions that tipped it, what a user can change
+DECISION_COLUMNS = ["layout_opt_rule", "layout_opt_reason", "layout_opt_numbers", "layout_opt_tipped",
+                    "layout_opt_change"]
+GRAPH_COLUMNS = ["graph", "phase", "layout_opt", *DECISION_COLUMNS, "convolutions", "kernels", "conversions",
                  "time_us", "outputs", "output_code"]
 COMPARE_COLUMNS = ["cause", "phase", "pattern", "op", "source", "module", "eager_time_us", "status", "kernel",
                    "compiled_time_us"]
@@ -163,7 +167,7 @@ def compiled_graphs(kernels: pd.DataFrame, buffers: pd.DataFrame, graphs: pd.Dat
             at = 1 if "backward" in k["kernel"] else 0
             convs.append(f"{k['module'] or k['source']}: {reads[at] if at < len(reads) else '?'}")
         outs = bs[bs["graph_output"] & (bs["role"] == "write") & bs["shape"].map(lambda s: len(_shape(s)) in (4, 5))]
-        rows.append({**{c: g[c] for c in ("graph", "phase", "layout_opt", "layout_opt_reason", "output_code")},
+        rows.append({**{c: g.get(c, "") for c in ("graph", "phase", "layout_opt", *DECISION_COLUMNS, "output_code")},
                      "convolutions": "; ".join(convs), "kernels": len(ks),
                      "conversions": int(((conv["graph"] == key[0]) & (conv["phase"] == key[1])).sum()),
                      "time_us": ks["time_us"].sum(min_count=1) if "time_us" in ks else np.nan,
@@ -274,13 +278,13 @@ class CompiledStep:
         if "table" not in whole or set(whole["table"]) - {"torch", *cls.TABLES}:
             raise ValueError("not a compiled step's CSV (written by Audit.compiled.to_csv)")
         parts = {}
-        for name, cols in (("graphs", ["graph", "phase", "compile_id", "layout_opt", "layout_opt_reason",
+        for name, cols in (("graphs", ["graph", "phase", "compile_id", "layout_opt", *DECISION_COLUMNS,
                                        "layout_opt_log", "output_code"]),
                            ("kernels", ["graph", "phase", "order", "kernel", "kind", "source", "module", "sources",
                                         "fx_nodes", "time_us"]),
                            ("buffers", ["graph", "phase", "order", "role", "buffer", "shape", "stride", "dtype",
                                         "itemsize", "graph_input", "graph_output"])):
-            part = whole[whole["table"] == name][cols].reset_index(drop=True)
+            part = whole[whole["table"] == name].reindex(columns=cols, fill_value="").reset_index(drop=True)
             parts[name] = _typed(part)
         version = whole.loc[whole["table"] == "torch", "output_code"]
         return cls(parts["graphs"], parts["kernels"], parts["buffers"], str(version.iloc[0]) if len(version) else "")
