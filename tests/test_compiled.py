@@ -18,6 +18,7 @@ from collections import defaultdict
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 import auditor
 from auditor import format_label
@@ -388,3 +389,109 @@ def test_a_compiled_audit_keeps_torchs_device_noise_out_and_the_users_warnings_i
     for noise in ("gpuGetDeviceCount", "USDT", "profiler_start", "No CUDA runtime is found"):
         assert noise not in done.stderr, done.stderr[-3000:]
     assert "the model speaks" in done.stderr
+
+
+# -- why each graph has its layout: decide_layout_opt's rules, replayed -----------------------------
+def _fx(fn, *shapes, mode: str = "fake"):
+    """An FX graph of ``fn`` with the fake values Inductor's ``decide_layout_opt`` reads."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    return make_fx(fn, tracing_mode=mode)(*[torch.randn(*s) for s in shapes])
+
+
+def _decide(gm, *, inference: bool = False):
+    """(the running torch's decision, auditor's explanation of it) for one graph."""
+    from auditor._recording import _torch as T
+    from auditor._recording._inductor_graph import explain_layout_opt
+
+    decided = T.GraphLowering.decide_layout_opt(gm, is_inference=inference)
+    return decided, explain_layout_opt(gm, is_inference=inference, decided=decided)
+
+
+def _conv(groups: int = 1):
+    return lambda x, w: F.conv2d(x, w, groups=groups).relu()
+
+
+def _chain(n: int):
+    """One convolution and ``n`` pointwise ops after it."""
+    def fn(x, w):
+        y = F.conv2d(x, w)
+        for _ in range(n):
+            y = y + 1
+        return y
+    return fn
+
+
+WIDE = ((2, 128, 8, 8), (128, 128, 3, 3))
+
+#: rule -> (graph on one side, graph on the other, inference): the first decides by the rule, the
+#: second passes it; each is built from strides and channel counts, never from a model's name
+RULES = {
+    "few convolutions": (lambda c: _fx(_chain(c["nodes_per_conv"]), *WIDE), lambda c: _fx(_chain(3), *WIDE), False),
+    "dynamic shapes": (lambda c: _fx(_conv(), *WIDE, mode="symbolic"), lambda c: _fx(_conv(), *WIDE), False),
+    "grouped": (lambda c: _fx(_conv(2), (2, 128, 8, 8), (128, 64, 3, 3)), lambda c: _fx(_conv(), *WIDE), False),
+    "in/out channels": (lambda c: _fx(_conv(), (2, 256, 8, 8), (256 // c["in_out_ratio"], 256, 3, 3)),
+                        lambda c: _fx(_conv(), (2, 256, 8, 8), (256 // c["in_out_ratio"], 256, 1, 1)), False),
+    "small channels": (lambda c: _fx(_conv(), (2, 3, 8, 8), (c["small_channels"], 3, 3, 3)),
+                       lambda c: _fx(_conv(), (2, 3, 8, 8), (c["small_channels"] + 1, 3, 3, 3)), False),
+    "inference FLOPs": (lambda c: _fx(_conv(2), (2, 128, 8, 8), (128, 64, 3, 3)), lambda c: _fx(_conv(), *WIDE), True),
+}
+
+
+@needs_inductor
+@pytest.mark.parametrize("rule", list(RULES))
+def test_each_rule_of_decide_layout_opt_is_explained_both_ways(rule):
+    """With oneDNN off (so that the CPU rule does not decide first), each rule of the running
+    torch's decide_layout_opt turns layout optimization off for one graph and lets the other
+    through; auditor's replay agrees with the running torch both times, names the rule, its
+    numbers and the convolution that tipped it, and says what to change."""
+    from auditor._recording import _torch as T
+
+    constants, problems = T.layout_opt_constants()
+    assert not problems, f"this torch's decide_layout_opt lacks {problems}"
+    decides, passes, inference = RULES[rule]
+    with torch.backends.mkldnn.flags(enabled=False):
+        off, why = _decide(decides(constants), inference=inference)
+        on, why_not = _decide(passes(constants), inference=inference)
+    assert (off, on) == (False, True)
+    assert why["layout_opt_rule"] == rule, why
+    assert why["layout_opt_tipped"] and why["layout_opt_change"]
+    assert "convolutions 1" in why["layout_opt_numbers"] and "oneDNN disabled" in why["layout_opt_numbers"]
+    assert why_not["layout_opt_rule"] == ("inference FLOPs passed" if inference else "training rules passed")
+    if rule == "few convolutions":
+        assert f"at least {constants['nodes_per_conv']}" in why["layout_opt_reason"]
+    if rule == "inference FLOPs":
+        assert "grouped 100%" in why["layout_opt_numbers"] and "weighted FLOPs / FLOPs 1.358" in why["layout_opt_numbers"]
+
+
+@needs_inductor
+def test_the_config_and_device_rules_are_explained_both_ways():
+    from auditor._recording import _torch as T
+
+    small = _fx(_conv(), (2, 3, 8, 8), (8, 3, 3, 3))  # every rule after the device rule turns it off
+    assert torch.backends.mkldnn.is_available()
+    on, why = _decide(small)
+    assert on and why["layout_opt_rule"] == "device rule" and "cpu" in why["layout_opt_reason"]
+    with torch.backends.mkldnn.flags(enabled=False):
+        off, why = _decide(small)
+        assert not off and why["layout_opt_rule"] == "small channels"
+        with T.inductor_config.patch(force_layout_optimization=True):
+            on, why = _decide(small)
+            assert on and why["layout_opt_rule"] == "forced" and "force_layout_optimization" in why["layout_opt_change"]
+    with T.inductor_config.patch(layout_optimization=False):
+        off, why = _decide(small)
+        assert not off and why["layout_opt_rule"] == "config off"
+    off, why = _decide(_fx(lambda x: x.relu(), (2, 3, 8, 8)))
+    assert not off and why["layout_opt_rule"] == "no convolution"
+
+
+@needs_inductor
+def test_a_replay_that_disagrees_with_the_running_torch_says_so(monkeypatch):
+    from auditor._recording import _torch as T
+    from auditor._recording._inductor_graph import explain_layout_opt
+
+    gm = _fx(_conv(), *WIDE)
+    with torch.backends.mkldnn.flags(enabled=False):
+        decided = T.GraphLowering.decide_layout_opt(gm, is_inference=False)
+        why = explain_layout_opt(gm, is_inference=False, decided=not decided)
+    assert why["layout_opt_rule"] == "unexplained" and "unexplained" in why["layout_opt_reason"]

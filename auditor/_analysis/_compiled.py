@@ -1,10 +1,17 @@
 """What a compiled step converts: the tables of a compiled audit, from the rows Inductor's
 recorder wrote (:mod:`auditor._recording._inductor`), and the eager audit beside it.
 
-A conversion is a generated kernel that reads a 4-D or 5-D image in one physical order and
-writes an image of the same sizes in another, as Inductor laid its buffers out (not the FX
-graph's fake strides, which follow eager rules). A kernel that writes a convolution's weight in
-another order than the parameter's copies the weight every step.
+A conversion is a generated kernel that reads an image in one physical order and writes it in
+another, as Inductor laid its buffers out (not the FX graph's fake strides, which follow eager
+rules), whatever rank or sizes the buffers are declared with. Two tests find one: a read and a
+written 4-D or 5-D buffer of the same sizes in different formats, and a load and a store of one
+loop of the kernel that cover the same loop variables (element for element) in a different
+order of strides (``moves``, read by the recorder from the loop itself: a store into a buffer
+typed 2-D, or into a permuted view, is judged by the addresses it writes). Either counts only
+for an image: a tensor with as many elements as an activation or gradient a convolution of the
+graph reads or writes (:func:`image_numels`), so a kernel that transposes per-position
+statistics is none. A kernel that writes a convolution's weight in another order than the
+parameter's copies the weight every step.
 """
 
 from __future__ import annotations
@@ -82,26 +89,80 @@ def _pairs(reads: list[dict], writes: list[dict]) -> list[tuple[dict, dict]]:
     return pairs
 
 
+def image_numels(kernels: pd.DataFrame, b: pd.DataFrame) -> dict[tuple, set[int]]:
+    """(graph, phase) -> the element counts of its images: the activations and gradients its
+    convolutions read and write (not their weights, biases or weight gradients). A graph without
+    a convolution counts its 4-D and 5-D buffers with more than one element along every dimension
+    but the batch. A tensor with another count (the per-position statistics of a LayerNorm, a
+    pooled vector) is no image, whatever order a kernel moves it in."""
+    out: dict[tuple, set[int]] = {}
+    for key, bs in b.groupby(["graph", "phase"], sort=False):
+        ks = kernels[(kernels["graph"] == key[0]) & (kernels["phase"] == key[1])]
+        convs = ks[ks["kind"].eq("extern") & ks["kernel"].str.contains("convolution")]
+        found: set[int] = set()
+        for k in convs.to_dict("records"):
+            mine = bs[bs["order"] == k["order"]]
+            reads = mine[mine["role"] == "read"]
+            at = 1 if "backward" in k["kernel"] else 0
+            weight = reads["shape"].iloc[at + 1] if len(reads) > at + 1 else None
+            for r in mine.to_dict("records"):
+                if len(_shape(r["shape"])) >= 3 and r["shape"] != weight:
+                    found.add(int(r["nbytes"] // max(int(r["itemsize"]), 1)))
+        if not len(convs):
+            for r in bs.to_dict("records"):
+                shape = _shape(r["shape"])
+                if len(shape) in (4, 5) and min(shape[1:]) > 1:
+                    found.add(int(np.prod(shape, dtype=np.int64)))
+        out[key] = found
+    return out
+
+
+def _moves(text: str) -> list[tuple[str, str, int]]:
+    """The recorder's ``moves`` of a kernel: (read buffer, written buffer, elements)."""
+    out = []
+    for item in str(text or "").split(";"):
+        if ">" in item and ":" in item:
+            pair, _, n = item.rpartition(":")
+            r, _, w = pair.partition(">")
+            out.append((r, w, int(n)))
+    return out
+
+
 def conversions(kernels: pd.DataFrame, buffers: pd.DataFrame, graphs: pd.DataFrame) -> pd.DataFrame:
     """One row per generated kernel that converts an image or copies a weight (module docstring)."""
     if not len(kernels):
         return pd.DataFrame(columns=CONVERSION_COLUMNS)
     b = buffer_formats(buffers)
     roles = conv_roles(kernels, b)
+    images = image_numels(kernels, b)
     layout_opt = {(g["graph"], g["phase"]): bool(g["layout_opt"]) for g in graphs.to_dict("records")}
     producers = _producers(kernels, b)
     groups = {key: rows for key, rows in b.groupby(["graph", "phase", "order"], sort=False)}
     rows = []
     for k in kernels[kernels["kind"] != "extern"].to_dict("records"):
-        mine = groups.get((k["graph"], k["phase"], k["order"]))
+        key = (k["graph"], k["phase"])
+        mine = groups.get((*key, k["order"]))
         if mine is None:
             continue
         reads, writes = (mine[mine["role"] == r].to_dict("records") for r in ("read", "write"))
-        pairs = _pairs(reads, writes)
-        if not pairs:
+        named = {r["buffer"]: r for r in reads + writes}
+        pairs = [(r, w) for r, w in _pairs(reads, writes)]
+        seen = {(r["buffer"], w["buffer"]) for r, w in pairs}
+        for r, w, n in _moves(k.get("moves", "")):
+            # a buffer fused away inside the kernel (no argument of its call) lives in registers
+            # or a local scratch: the kernel's memory traffic is through its arguments
+            if (r, w) in seen or r not in named or w not in named:
+                continue
+            rr, ww = {**named[r], "elements": n}, {**named[w], "elements": n}
+            pairs.append((rr, ww))
+            seen.add((r, w))
+        fed = [roles.get((*key, w["buffer"]), "") for _, w in pairs]
+        keep = [(p, role) for p, role in zip(pairs, fed)
+                if role or _elements(p[1]) in images.get(key, set()) or _elements(p[0]) in images.get(key, set())]
+        if not keep:
             continue
-        fed = [roles.get((k["graph"], k["phase"], w["buffer"]), "") for _, w in pairs]
-        reasons = [_reason(k, r, w, role, layout_opt.get((k["graph"], k["phase"]), True), producers)
+        pairs, fed = [p for p, _ in keep], [role for _, role in keep]
+        reasons = [_reason(k, r, w, role, layout_opt.get(key, True), producers)
                    for (r, w), role in zip(pairs, fed)]
         pure = len(pairs) == len(writes) and all(r["buffer"] in {p[0]["buffer"] for p in pairs} for r in reads)
         rows.append({
@@ -115,6 +176,12 @@ def conversions(kernels: pd.DataFrame, buffers: pd.DataFrame, graphs: pd.DataFra
                                  for (r, w), role in zip(pairs, fed)),
             "note": "" if pure else NOT_SEPARABLE})
     return pd.DataFrame(rows, columns=CONVERSION_COLUMNS)
+
+
+def _elements(row: dict) -> int:
+    if "elements" in row:
+        return int(row["elements"])
+    return int(np.prod(_shape(row["shape"]), dtype=np.int64)) if row.get("shape") else -1
 
 
 def _producers(kernels: pd.DataFrame, b: pd.DataFrame) -> dict[tuple, str]:
@@ -219,7 +286,7 @@ class CompiledStep:
     def from_rows(cls, graphs: list[dict], kernels: list[dict], buffers: list[dict], times: dict,
                   torch_version: str = "") -> CompiledStep:
         k = pd.DataFrame(kernels, columns=["graph", "phase", "order", "kernel", "kind", "source", "module", "sources",
-                                           "fx_nodes"])
+                                           "fx_nodes", "moves"])
         k["time_us"] = [times.get(key, np.nan) for key in zip(k["graph"], k["phase"], k["order"])]
         return cls(pd.DataFrame(graphs), k, pd.DataFrame(buffers), torch_version)
 
@@ -281,7 +348,7 @@ class CompiledStep:
         for name, cols in (("graphs", ["graph", "phase", "compile_id", "layout_opt", *DECISION_COLUMNS,
                                        "layout_opt_log", "output_code"]),
                            ("kernels", ["graph", "phase", "order", "kernel", "kind", "source", "module", "sources",
-                                        "fx_nodes", "time_us"]),
+                                        "fx_nodes", "moves", "time_us"]),
                            ("buffers", ["graph", "phase", "order", "role", "buffer", "shape", "stride", "dtype",
                                         "itemsize", "graph_input", "graph_output"])):
             part = whole[whole["table"] == name].reindex(columns=cols, fill_value="").reset_index(drop=True)

@@ -145,7 +145,7 @@ ENTRIES: dict[str, dict[str, str]] = {
         "is_mkldnn_conv": "torch._inductor.graph.is_mkldnn_conv",
         # the FLOPs decide_layout_opt weighs for an inference graph, and the devices of its CPU rule
         "count_flops_fx": "torch._inductor.fx_utils.count_flops_fx",
-        "has_free_symbols": "torch._inductor.utils.has_free_symbols",
+        "has_free_symbols": "torch.fx.experimental.symbolic_shapes.has_free_symbols",
         # the loads and stores of a scheduled loop in its own loop variables (not normalized, which
         # merges each access's loops apart): what a conversion kernel moves, whatever its buffers' ranks
         "extract_read_writes": "torch._inductor.dependencies.extract_read_writes",
