@@ -31,7 +31,12 @@ DECISION_COLUMNS = ["layout_opt_rule", "layout_opt_reason", "layout_opt_numbers"
 GRAPH_COLUMNS = ["graph", "phase", "layout_opt", *DECISION_COLUMNS, "convolutions", "kernels", "conversions",
                  "time_us", "outputs", "output_code"]
 COMPARE_COLUMNS = ["cause", "phase", "pattern", "op", "source", "module", "eager_time_us", "status", "kernel",
-                   "compiled_time_us"]
+                   "compiled_time_us", "time_note"]
+
+#: what the two times of a compared row are (the report and the docs say the same)
+EAGER_TIME = "eager: the cause's time in causes() (its ops in the eager step, one thread)"
+COMPILED_TIME = ("compiled: the whole time of the conversion kernels at its line, summed (a fused kernel's "
+                 "computing included), as conversions() lists them one by one")
 
 REMOVED, KEPT, ONLY_COMPILED = "removed by the compiler", "still there", "only compiled"
 NOT_SEPARABLE = "the kernel also computes: its whole time and bytes, the conversion's share is not separable"
@@ -253,21 +258,37 @@ def compare_compiled(causes: pd.DataFrame, kernels: pd.DataFrame, conv: pd.DataF
     sources = dict(zip(zip(kernels["graph"], kernels["phase"], kernels["kernel"]), kernels["sources"]))
     conv = conv.assign(lines=[_lines(sources.get((g, p, k), s)) | _lines(s) for g, p, k, s in
                               zip(conv["graph"], conv["phase"], conv["kernel"], conv["source"])])
-    used, rows = set(), []
+    used, rows, hits = set(), [], []
     for c in causes.to_dict("records"):
         mask = np.array([bool(c["source"]) and c["source"] in ls and p == c["phase"]
                          for ls, p in zip(conv["lines"], conv["phase"])], dtype=bool)
         hit = conv[mask] if len(conv) else conv
         used |= set(hit.index)
+        hits.append(set(hit.index))
         rows.append({"cause": c["cause"], "phase": c["phase"], "pattern": c["pattern"], "op": c["op"],
                      "source": c["source"], "module": c["module"], "eager_time_us": c.get("time_us", np.nan),
                      "status": KEPT if len(hit) else REMOVED, "kernel": "; ".join(hit["kernel"]),
                      "compiled_time_us": hit["time_us"].sum(min_count=1) if len(hit) else np.nan})
+    for row, mine in zip(rows, hits):
+        row["time_note"] = _time_note(row, mine, [(r["cause"], h) for r, h in zip(rows, hits) if h is not mine])
     for _, r in conv.drop(index=list(used)).iterrows():
         rows.append({"cause": np.nan, "phase": r["phase"], "pattern": "", "op": "", "source": r["source"],
                      "module": r["module"], "eager_time_us": np.nan, "status": ONLY_COMPILED, "kernel": r["kernel"],
-                     "compiled_time_us": r["time_us"]})
+                     "compiled_time_us": r["time_us"], "time_note": "compiled: the kernel's whole time; no eager cause"})
     return pd.DataFrame(rows, columns=COMPARE_COLUMNS)
+
+
+def _time_note(row: dict, mine: set, others: list) -> str:
+    """Why a compared row's two times differ: they are different programs' work (the eager
+    ops against the generated kernels), and the kernels' count and sharing."""
+    if not mine:
+        return "eager only: the compiler writes no conversion at this line"
+    parts = [f"{len(mine)} kernel{'s' if len(mine) > 1 else ''} at its line, whole time"]
+    shared = sorted({int(c) for c, h in others if h & mine and not pd.isna(c)})
+    if shared:
+        parts.append(f"shared with cause{'s' if len(shared) > 1 else ''} {', '.join(map(str, shared))} "
+                     "(counted in each)")
+    return "compiled: " + "; ".join(parts)
 
 
 class CompiledStep:
