@@ -77,29 +77,53 @@ def _layouts(code: str) -> dict[str, tuple]:
     return found
 
 
-_CONV_OUT = re.compile(r"^\s*(\w+) = (\w+)(\[0\])?\n\s*assert_tensor_metadata\(\1, (\([^()]*\)), \([^()]*\), [\w.]+, "
-                       r"'torch\.ops\.aten\.(convolution|convolution_backward)\.default'\)", re.M)
+_CONV_CALL = re.compile(r"(?:extern_kernels\.convolution|aten\.convolution_backward\.default)\((.*)\)\s*$", re.M)
 
 
-def code_images(code: str) -> set[int]:
-    """Element counts of the images in one output file: what its convolutions write (a
-    convolution's output; a convolution_backward's first output, the input's gradient)."""
-    found = set()
-    for _name, _src, first, sizes, op in _CONV_OUT.findall(code):
-        if op == "convolution" or first:
-            n = 1
-            for v in _ints(sizes):
-                n *= v
-            found.add(n)
-    for line in code.splitlines():  # an extern convolution's output assigned directly
-        m = re.match(r"\s*assert_tensor_metadata\((\w+), (\([^()]*\)), \([^()]*\), [\w.]+, "
-                     r"'torch\.ops\.aten\.convolution\.default'\)", line)
-        if m:
-            n = 1
-            for v in _ints(m.group(2)):
-                n *= v
-            found.add(n)
-    return found
+def _top_args(text: str) -> list[str]:
+    """A call's arguments, split at the commas outside brackets."""
+    out, depth, cur = [], 0, ""
+    for ch in text:
+        depth += ch in "([{"
+        depth -= ch in ")]}"
+        if ch == "," and depth == 0:
+            out.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    return [*out, cur.strip()] if cur.strip() else out
+
+
+def _numel(sizes) -> int:
+    n = 1
+    for v in sizes:
+        n *= v
+    return n
+
+
+def code_images(code: str, layouts: dict) -> tuple[set[int], set[str]]:
+    """(element counts of the images, names of the weights) of one output file: what its
+    convolutions read and write but their weights (a convolution's input and output; a
+    convolution_backward's output gradient, input and input gradient)."""
+    images, weights = set(), set()
+    for line in code.splitlines():
+        m = _CONV_CALL.search(line)
+        if not m:
+            continue
+        args = _top_args(m.group(1))
+        backward = "convolution_backward" in line
+        first = args[0]
+        sizes = _ints(_top_args(first[len("reinterpret_tensor("):-1])[1]) if first.startswith("reinterpret_tensor(") \
+            else layouts.get(first, ((),))[0]
+        if sizes:
+            images.add(_numel(sizes))
+        if backward and args[1] in layouts:
+            images.add(_numel(layouts[args[1]][0]))
+        weights.add(args[2] if backward else args[1])
+    for sizes in re.findall(r"assert_tensor_metadata\(\w+, (\([^()]*\)), \([^()]*\), [\w.]+, "
+                            r"'torch\.ops\.aten\.convolution\.default'\)", code):
+        images.add(_numel(_ints(sizes)))
+    return images, weights
 
 
 def code_conversions(path: str) -> set[str]:
@@ -108,7 +132,7 @@ def code_conversions(path: str) -> set[str]:
     gradient in that file; a graph without convolutions counts every 4-D or 5-D buffer)."""
     code = open(path).read()
     layouts = _layouts(code)
-    images = code_images(code)
+    images, weights = code_images(code, layouts)
     # an argument is read when it is const or an in-out pointer, written when it is not const
     kinds = {k: [(t, p.split()[-1]) for t, p in zip(ast.literal_eval(v), params.split(","))]
              for k, v, params in _BINDING.findall(code)}
@@ -122,10 +146,7 @@ def code_conversions(path: str) -> set[str]:
             if t.startswith("const") or n not in fmts or len(fmts[n][0]) not in (4, 5):
                 continue
             size, fmt = fmts[n]
-            elements = 1
-            for v in size:
-                elements *= v
-            if images and elements not in images:
+            if images and _numel(size) not in images and n not in weights:
                 continue
             if any(s == size and f != fmt and "ambiguous" not in f + fmt for s, f in reads):
                 found.add(kernel)
@@ -368,7 +389,7 @@ class ImagesMovedAcrossSizes(nn.Module):
         s = torch.softmax(y.reshape(n * c, h * w), -1)  # TWO-D LINE
         m = y.mean(1, keepdim=True).relu()
         t = m.transpose(2, 3).contiguous() * 2  # STATISTICS LINE
-        return self.c2(z).sum() + self.c3(s.reshape(n, c, h, w)).sum() + t.sum()
+        return self.c2(z).sum() + self.c3(s.reshape(n, c, h, w)).sum() + t.sum()  # RETURN LINE
 
 
 @needs_inductor
@@ -377,8 +398,10 @@ def test_images_stored_into_other_sizes_are_conversions_and_statistics_are_not()
     a = auditor.audit(ImagesMovedAcrossSizes().to(memory_format=CL), _input((2, 3, 12, 10)), compile=True,
                       record_time=False)
     lines = {name: _line(ImagesMovedAcrossSizes, marker) for name, marker in
-             (("permute", "PERMUTE LINE"), ("two_d", "TWO-D LINE"), ("statistics", "STATISTICS LINE"))}
-    assert_conversions_match_the_code(a, more={lines["permute"], lines["two_d"]})
+             (("permute", "PERMUTE LINE"), ("two_d", "TWO-D LINE"), ("statistics", "STATISTICS LINE"),
+              ("return", "RETURN LINE"))}
+    # the 2-D softmax output goes back to the convolution as (n, c, h, w) at the return line
+    assert_conversions_match_the_code(a, more={lines["permute"], lines["two_d"], lines["return"]})
     conv = a.compiled.conversions()
     forward = conv[conv["phase"] == "forward"]
     kernels = a.compiled.kernels()

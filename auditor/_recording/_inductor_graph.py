@@ -375,7 +375,20 @@ def moves(graph, inner, written: set) -> str:
                 for v in _order(ws):
                     numel *= ws[v][1]
                 found.setdefault((r.name, w.name), numel)
-    return ";".join(f"{r}>{w}:{n}" for (r, w), n in found.items())
+    real = getattr(graph.scheduler, "mutation_real_name", {}) if graph.scheduler is not None else {}
+
+    def named(name: str) -> str:  # a store into a buffer in place is named after it, as the call passes it
+        seen = set()
+        while name in real and name not in seen:
+            seen.add(name)
+            name = real[name]
+        return name
+
+    moved = {}
+    for (r, w), n in found.items():
+        if named(r) != named(w):
+            moved.setdefault((named(r), named(w)), n)
+    return ";".join(f"{r}>{w}:{n}" for (r, w), n in moved.items())
 
 
 def _extern_io(graph, node):
