@@ -7,7 +7,9 @@ rules), whatever rank or sizes the buffers are declared with. Two tests find one
 written 4-D or 5-D buffer of the same sizes in different formats, and a load and a store of one
 loop of the kernel that cover the same loop variables (element for element) in a different
 order of strides (``moves``, read by the recorder from the loop itself: a store into a buffer
-typed 2-D, or into a permuted view, is judged by the addresses it writes). Either counts only
+typed 2-D, or into a permuted view, is judged by the addresses it writes), unless the two
+buffers have the same sizes and strides (each element keeps its address: the loop permutes
+values within an axis, as a channel shuffle does, which is the model's computation). Either counts only
 for an image: a tensor with as many elements as an activation or gradient a convolution of the
 graph reads or writes (:func:`image_numels`), so a kernel that transposes per-position
 statistics is none. A kernel that writes a convolution's weight in another order than the
@@ -157,6 +159,10 @@ def conversions(kernels: pd.DataFrame, buffers: pd.DataFrame, graphs: pd.DataFra
             # a buffer fused away inside the kernel (no argument of its call) lives in registers
             # or a local scratch: the kernel's memory traffic is through its arguments
             if (r, w) in seen or r not in named or w not in named:
+                continue
+            # the same sizes and strides both sides: each logical element keeps its address, so
+            # the loop permutes values within an axis (a channel shuffle), which the model computes
+            if named[r]["shape"] == named[w]["shape"] and named[r]["stride"] == named[w]["stride"]:
                 continue
             rr, ww = {**named[r], "elements": n}, {**named[w], "elements": n}
             pairs.append((rr, ww))
