@@ -248,6 +248,17 @@ def test_contiguous_between_convs_is_removed_by_the_compiler(copy_audit):
     graphs = copy_audit.compiled.graphs()
     assert set(graphs["phase"]) == {"forward", "backward"}
     assert graphs["layout_opt_reason"].str.len().gt(0).all()
+    # each graph's layout is explained by the rule that decided it, with its numbers
+    forward, backward = (graphs[graphs["phase"] == p].iloc[0] for p in ("forward", "backward"))
+    assert forward["layout_opt_rule"] not in ("", "unexplained") and "convolutions 2" in forward["layout_opt_numbers"]
+    assert forward["layout_opt_tipped"] and forward["layout_opt_change"]
+    if torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled:
+        assert forward["layout_opt_rule"] == "device rule" and forward["layout_opt"]
+    assert backward["layout_opt_rule"] == "no convolution" and "convolution_backward" in backward["layout_opt_reason"]
+    text = copy_audit.report()
+    assert "decided by" in text and "tipped by:" in text and "Times beside each cause" in text
+    compared = auditor.compare_compiled(copy_audit, copy_audit)
+    assert compared["time_note"].str.len().gt(0).all()
     assert graphs["convolutions"].str.contains("c1").all()
     assert graphs["time_us"].gt(0).all(), "a timed compiled audit gives every graph its kernels' time"
 
