@@ -375,7 +375,11 @@ def moves(graph, inner, written: set) -> str:
                 for v in _order(ws):
                     numel *= ws[v][1]
                 found.setdefault((r.name, w.name), numel)
-    real = getattr(graph.scheduler, "mutation_real_name", {}) if graph.scheduler is not None else {}
+    real = dict(getattr(graph.scheduler, "mutation_real_name", {}) if graph.scheduler is not None else {})
+    for s in inner:  # a node that stores in place into another buffer (a scatter) is named after that buffer
+        mutated = list(s.node.get_mutation_names()) if getattr(s, "node", None) is not None else []
+        if mutated:
+            real.setdefault(s.get_name(), mutated[0])
 
     def named(name: str) -> str:  # a store into a buffer in place is named after it, as the call passes it
         seen = set()
