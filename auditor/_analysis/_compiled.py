@@ -331,7 +331,9 @@ class CompiledStep:
 
     def graphs(self) -> pd.DataFrame:
         """Per graph Inductor lowered (forward and backward, one per graph break): whether layout
-        optimization ran and why, each convolution's layout, kernels, conversions and time."""
+        optimization ran, the rule of ``decide_layout_opt`` that decided it with its numbers, the
+        convolutions that tipped it and what to change (docs, "Compiled models"), each
+        convolution's layout, kernels, conversions and time."""
         return compiled_graphs(self._kernels, self._buffers, self._graphs, self.conversions())
 
     def kernels(self) -> pd.DataFrame:
