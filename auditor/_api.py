@@ -172,8 +172,11 @@ def _compiled_audit(step: Step, compile_options, *, record_time: bool, strict: b
     model = step.model
     eager = step.replace(model=original_module(model)) if is_compiled(model) else step
     _tell("compiling")
-    compiled = record_compiled_step(step if is_compiled(model) else eager, dict(compile_options or {}),
-                                    record_time=record_time)
+    # lowered and timed at the thread count the eager ops are timed at (Inductor's C++ kernels
+    # take the thread count at compile time), so that graph and op times are of the same kind
+    with timing_threads(record_time):
+        compiled = record_compiled_step(step if is_compiled(model) else eager, dict(compile_options or {}),
+                                        record_time=record_time)
     _tell("recording")
     with timing_threads(record_time) as threads:
         warm_up(eager, warmup, record_time=record_time)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from .._analysis._compiled import COMPILED_TIME, DECISION_COLUMNS, EAGER_TIME
 from ._html import table_html
 from ._text import Column, short_source, shorten, text_table
 from ._units import format_bytes, format_us
@@ -38,15 +39,30 @@ def _compared_parts(compared: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     return [(title, rows) for title, rows in parts if len(rows)]
 
 
+def _filled(graphs: pd.DataFrame, compared: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The tables with the columns a compiled step read from an older CSV lacks (the decision's
+    parts, the compared times and their note), empty."""
+    graphs = graphs.assign(**{c: "" for c in DECISION_COLUMNS if c not in graphs})
+    compared = compared.assign(**{c: float("nan") for c in ("eager_time_us", "compiled_time_us") if c not in compared},
+                               **({"time_note": ""} if "time_note" not in compared else {}))
+    return graphs, compared
+
+
 def compiled_text(graphs: pd.DataFrame, conv: pd.DataFrame, compared: pd.DataFrame, top: int = 10) -> str:
     """The compiled part of a compiled audit's report."""
-    lines = [_headline(graphs, conv, compared), "", "Graphs:"]
+    graphs, compared = _filled(graphs, compared)
+    lines = [_headline(graphs, conv, compared), "",
+             "Graphs (time: the graph's kernels per compiled step, every kernel with its computing, timed at the "
+             "eager ops' thread count; the eager step's op times above are the uncompiled step's ops, another "
+             "program: compare steps with auditor's benchmarks/compiled.py):"]
     lines += text_table(graphs, [
         Column("graph", width=5), Column("phase", width=8), Column("layout_opt", "layout opt", width=10,
                                                                    text=lambda v: "on" if v else "off"),
         Column("kernels", width=7, align=">"), Column("conversions", width=11, align=">"),
         Column("time_us", "time", width=9, align=">", text=format_us),
-        Column("layout_opt_reason", "why", most=70)])
+        Column("layout_opt_rule", "decided by", most=22),
+        Column("layout_opt_reason", "why", most=70)],
+        notes=[_decision_note(g) for g in graphs.to_dict("records")])
     if len(conv):
         lines += ["", "Conversions in the generated code (times: the compiled kernels', not eager ops'):"]
         lines += text_table(conv.head(top), [
@@ -62,12 +78,25 @@ def compiled_text(graphs: pd.DataFrame, conv: pd.DataFrame, compared: pd.DataFra
         lines += text_table(rows.head(top), [
             Column("cause", width=5, text=lambda v: "-" if pd.isna(v) else str(int(v))),
             Column("phase", width=8), Column("pattern", most=20), Column("source", "line", most=40, text=short_source, clip=shorten),
-            Column("status", most=24), Column("kernel", most=44)])
+            Column("status", most=24), Column("eager_time_us", "eager", width=9, align=">", text=format_us),
+            Column("compiled_time_us", "compiled", width=9, align=">", text=format_us), Column("kernel", most=44)],
+            notes=list(rows.head(top)["time_note"].fillna("")))
+    if len(compared):
+        lines += ["", f"Times beside each cause: {EAGER_TIME}; {COMPILED_TIME}."]
     return "\n".join(lines)
+
+
+def _decision_note(g: dict) -> str:
+    """A graph's numbers, the convolutions that tipped its layout and what to change."""
+    parts = [f"numbers: {g['layout_opt_numbers']}" if g.get("layout_opt_numbers") else "",
+             f"tipped by: {g['layout_opt_tipped']}" if g.get("layout_opt_tipped") else "",
+             f"to change: {g['layout_opt_change']}" if g.get("layout_opt_change") else ""]
+    return "; ".join(p for p in parts if p)
 
 
 def compiled_html(graphs: pd.DataFrame, conv: pd.DataFrame, compared: pd.DataFrame, top: int = 10) -> str:
     """The compiled part of a compiled audit's HTML."""
+    graphs, compared = _filled(graphs, compared)
     parts = [f"<p>{_headline(graphs, conv, compared)}</p>",
              table_html(graphs.drop(columns=["output_code"]), caption="Graphs Inductor lowered"),
              table_html(conv, caption="Conversions in the generated code (times: the compiled kernels', not eager ops')", max_rows=top, more="audit.compiled.conversions()"),

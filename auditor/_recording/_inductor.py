@@ -26,7 +26,7 @@ import torch
 from . import _torch as T
 from ._cells import readable
 from ._errors import CompileError
-from ._inductor_graph import read_graph
+from ._inductor_graph import explain_layout_opt, read_graph
 from ._profile import quiet_stderr
 
 
@@ -43,7 +43,7 @@ class InductorRecorder:
         self.buffers: list[dict] = []
         self.failures: list[str] = []
         self._emitted: dict[int, list] = defaultdict(list)
-        self._decisions: dict[int, list[str]] = {}
+        self._decisions: dict[int, dict] = {}
         self._stack = contextlib.ExitStack()
         self._lock = threading.Lock()
 
@@ -88,7 +88,8 @@ class InductorRecorder:
 
     # -- the wrappers ------------------------------------------------------------------------
     def _wrap_decision(self) -> None:
-        """Keep the debug lines ``decide_layout_opt`` logs: they say which of its rules fired."""
+        """Keep what ``decide_layout_opt`` decided and why: its rules replayed on the graph it was
+        given (:func:`._inductor_graph.explain_layout_opt`), and the debug lines it logged."""
         original = T.GraphLowering.__dict__["decide_layout_opt"].__func__
         log, decisions = logging.getLogger(T.GraphLowering.__module__), self._decisions
 
@@ -100,14 +101,22 @@ class InductorRecorder:
             log.addHandler(handler)
             log.setLevel(logging.DEBUG)
             log.propagate = False  # torch's own handlers would print them
+            decided = None
             try:
-                return original(gm, is_inference=is_inference)
+                decided = original(gm, is_inference=is_inference)
+                return decided
             finally:
                 log.removeHandler(handler)
                 log.setLevel(level)
                 log.propagate = propagate
-                decisions[id(gm)] = lines
+                try:
+                    why = explain_layout_opt(gm, is_inference=is_inference, decided=decided)
+                except Exception as exc:  # noqa: BLE001  (the user's compile goes on)
+                    why = {"layout_opt_rule": "unexplained", "layout_opt_reason": f"auditor's replay of the "
+                           f"rules failed: {type(exc).__name__}: {exc}"}
+                decisions[id(gm)] = {**why, "log": lines}
 
+        decide_layout_opt.__wrapped__ = original
         self._setattr(T.GraphLowering, "decide_layout_opt", staticmethod(decide_layout_opt))
 
     def _wrap_kernel_names(self) -> None:

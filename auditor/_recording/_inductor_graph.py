@@ -88,20 +88,160 @@ def where_from(fx_nodes) -> tuple[str, str, str]:
     return lines[0][0], module, ";".join(dict.fromkeys(s for s, _ in lines))
 
 
-#: ``decide_layout_opt``'s debug lines, by their start, as the reason they give
-_LOGGED = {
-    "Skip layout opt because all convolution channels are too small":
-        "every convolution has at most 64 input and output channels",
-    "Skipped layout opt because only a few conv": "few convolutions for the graph's size (nodes >= 300 per conv)",
-    "See perf regression with dynamic shape": "dynamic shapes: a convolution's input or weight has symbolic sizes",
-    "Skip layout opt because found grouped convolution": "a grouped convolution with more than 1 channel per group",
-    "Skip layout optimization because some convolutions have smaller out_channel":
-        "a convolution with out_channels * 2 <= in_channels",
-    "Skipped layout opt in inference because weighted flops": "inference: the flop-weighted estimate says slower",
+#: the columns of a graph row that say why its layout is what it is
+DECISION_COLUMNS = ("layout_opt_rule", "layout_opt_reason", "layout_opt_numbers", "layout_opt_tipped",
+                    "layout_opt_change")
+
+#: what a user can change, per rule of ``decide_layout_opt``
+_CHANGE = {
+    "config off": "torch._inductor.config.layout_optimization = True (TORCHINDUCTOR_LAYOUT_OPTIMIZATION=1)",
+    "forced": "torch._inductor.config.force_layout_optimization = False (TORCHINDUCTOR_FORCE_LAYOUT_OPT=0)",
+    "no convolution": "nothing: the rules weigh convolutions only",
+    "device rule": "to turn it off: torch._inductor.config.layout_optimization = False",
+    "few convolutions": "torch._inductor.config.force_layout_optimization = True, or a graph break that puts the "
+                        "convolutions in a graph of their own",
+    "dynamic shapes": "compile with dynamic=False (or mark the sizes static), or "
+                      "torch._inductor.config.force_layout_optimization = True",
+    "grouped": "the convolutions named: groups=1 or depthwise (one input channel per group), or "
+               "torch._inductor.config.force_layout_optimization = True",
+    "in/out channels": "the convolutions named: a kernel of 1 where they shrink the channels, or "
+                       "torch._inductor.config.force_layout_optimization = True",
+    "small channels": "a convolution with more than the threshold's channels, or "
+                      "torch._inductor.config.force_layout_optimization = True",
+    "inference FLOPs": "the grouped convolutions named (their weight tips the estimate), or "
+                       "torch._inductor.config.force_layout_optimization = True",
+    "training rules passed": "to turn it off: torch._inductor.config.layout_optimization = False",
+    "inference FLOPs passed": "to turn it off: torch._inductor.config.layout_optimization = False",
 }
 
 
-def read_graph(graph, emitted, path, compile_id: str, log_lines):
+def _conv_name(node) -> str:
+    source, module = user_frame(node)
+    return module or source or node.name
+
+
+def _weight(node):
+    val = node.args[1].meta.get("val") if len(node.args) > 1 and hasattr(node.args[1], "meta") else None
+    return val if isinstance(val, torch.Tensor) else None
+
+
+def explain_layout_opt(gm, *, is_inference: bool, decided: bool | None) -> dict:
+    """Why ``decide_layout_opt`` decides as it does for the FX graph ``gm``: its rules replayed
+    in the running torch's order with its numbers (:data:`._torch.LAYOUT_OPT_CONSTANTS`, checked
+    against the running function), as ``layout_opt_rule`` (which rule decided), ``layout_opt_reason``
+    (a sentence with the numbers), ``layout_opt_numbers``, ``layout_opt_tipped`` (the convolutions
+    that decided it) and ``layout_opt_change`` (what the user could change). ``decided`` is what
+    the running torch returned: a replay that disagrees says so instead of explaining."""
+    c, problems = T.layout_opt_constants()
+    config = T.inductor_config
+    nodes = list(gm.graph.nodes)
+    convs = [n for n in nodes if n.target is torch.ops.aten.convolution.default]
+    convs += [n for n in nodes if T.is_mkldnn_conv(n)]
+    backward = sum(n.target is torch.ops.aten.convolution_backward.default for n in nodes)
+    numbers = {"convolutions": len(convs), "nodes": len(nodes)}
+
+    def verdict(rule, on, why, tipped=()):
+        return {"rule": rule, "on": on, "why": why, "tipped": list(tipped)}
+
+    def arg_val(n, i):
+        return n.args[i].meta.get("val") if len(n.args) > i and hasattr(n.args[i], "meta") else None
+
+    def grouped(n):
+        w = _weight(n)
+        return w is not None and isinstance(n.args[-1], int) and n.args[-1] > 1 and w.size(1) > 1
+
+    def in_out(n):
+        w = _weight(n)
+        return w is not None and w.dim() > 2 and w.size(0) * c["in_out_ratio"] <= w.size(1) and w.size(2) > 1
+
+    def small(n):
+        w = _weight(n)
+        return w is not None and w.size(0) <= c["small_channels"] and w.size(1) <= c["small_channels"]
+
+    kinds = {n: "grouped" if grouped(n) else "small" if small(n) else "in_out" if in_out(n) else "default"
+             for n in convs}
+    flops: dict[str, float] = {}
+    for n in convs:
+        try:
+            counted = T.count_flops_fx(n)
+        except Exception:  # noqa: BLE001  (a node whose fake arguments cannot be rebuilt)
+            counted = None
+        if counted is not None:
+            flops[kinds[n]] = flops.get(kinds[n], 0.0) + float(counted)
+    total = sum(flops.values())
+    if total:
+        numbers["FLOP shares"] = ", ".join(f"{k} {v / total:.0%}" for k, v in sorted(flops.items()))
+
+    if not config.layout_optimization:
+        v = verdict("config off", False, "layout optimization is turned off (config.layout_optimization)")
+    elif config.force_layout_optimization:
+        v = verdict("forced", True, "forced on (config.force_layout_optimization)")
+    elif not convs:
+        why = "no convolution in the graph"
+        if backward:
+            why = (f"no convolution in the graph: its {backward} convolution_backward are not counted by "
+                   f"torch {torch.__version__}'s rules (a backward graph follows the layouts its forward saved)")
+        v = verdict("no convolution", False, why)
+    else:
+        devices = {getattr(arg_val(n, i), "device", None) for n in convs for i in (0, 1)}
+        device_types = sorted({d.type for d in devices if d is not None})
+        mkldnn = torch.backends.mkldnn.enabled and torch.backends.mkldnn.is_available()
+        numbers["devices"] = "/".join(device_types)
+        numbers["oneDNN"] = "enabled" if mkldnn else ("disabled" if torch.backends.mkldnn.is_available()
+                                                      else "not built")
+        if mkldnn and None not in devices and all(t in T.SUPPORTED_MKLDNN_DEVICES for t in device_types):
+            v = verdict("device rule", True, f"oneDNN is enabled and every convolution runs on "
+                        f"{'/'.join(device_types)} ({'/'.join(T.SUPPORTED_MKLDNN_DEVICES)} always take "
+                        "channels_last), before any other rule", convs)
+        elif len(nodes) >= c["nodes_per_conv"] * len(convs):
+            v = verdict("few convolutions", False, f"{len(convs)} convolutions among {len(nodes)} nodes: "
+                        f"{len(nodes) / len(convs):.0f} nodes per convolution, at least "
+                        f"{c['nodes_per_conv']}", convs)
+        elif any(T.has_free_symbols(arg_val(n, i)) for n in convs for i in (0, 1)
+                 if isinstance(arg_val(n, i), torch.Tensor)):
+            v = verdict("dynamic shapes", False, "dynamic shapes: a convolution's input or weight has symbolic sizes",
+                        [n for n in convs if any(isinstance(arg_val(n, i), torch.Tensor)
+                                                 and T.has_free_symbols(arg_val(n, i)) for i in (0, 1))])
+        elif is_inference:
+            m = c["multipliers"]
+            weighted = sum(flops.get(k, 0.0) * m[k] for k in m)
+            numbers["weighted FLOPs / FLOPs"] = f"{weighted / total:.3f}" if total else "no FLOPs counted"
+            on = weighted <= total
+            heavy = [n for n in convs if m[kinds[n]] > 1]
+            v = verdict("inference FLOPs passed" if on else "inference FLOPs", on,
+                        f"inference: the convolutions' FLOPs weighted by Inductor's measured channels_last "
+                        f"speed-ups ({', '.join(f'{k} {x}' for k, x in m.items())}) come to "
+                        f"{weighted / total if total else 0:.3f} of the FLOPs, {'at most' if on else 'more than'} 1",
+                        heavy if not on else convs)
+        elif any(map(grouped, convs)):
+            v = verdict("grouped", False, "a grouped convolution with more than one input channel per group",
+                        [n for n in convs if grouped(n)])
+        elif any(map(in_out, convs)):
+            v = verdict("in/out channels", False, f"a convolution with out_channels * {c['in_out_ratio']} <= "
+                        "in_channels and a kernel wider than 1", [n for n in convs if in_out(n)])
+        elif all(map(small, convs)):
+            v = verdict("small channels", False, f"every convolution has at most {c['small_channels']} input and "
+                        "output channels", convs)
+        else:
+            v = verdict("training rules passed", True, "training: no grouped convolution with more than one input "
+                        f"channel per group, none with out_channels * {c['in_out_ratio']} <= in_channels, and not "
+                        f"every convolution at most {c['small_channels']} channels", convs)
+    why = v["why"]
+    if problems:
+        why += (f" (this torch's decide_layout_opt lacks the numbers {', '.join(problems)} that auditor's replay "
+                "uses: its rules changed)")
+    if decided is not None and decided != v["on"]:
+        why = (f"unexplained: torch {torch.__version__} decided {'on' if decided else 'off'} where auditor's replay "
+               f"of its rules says {'on' if v['on'] else 'off'} ({v['why']})")
+        v["rule"] = "unexplained"
+    tipped = list(dict.fromkeys(_conv_name(n) for n in v["tipped"]))
+    return {"layout_opt_rule": v["rule"], "layout_opt_reason": why,
+            "layout_opt_numbers": "; ".join(f"{k} {x}" for k, x in numbers.items()),
+            "layout_opt_tipped": "; ".join(tipped[:8]) + (f"; ... {len(tipped) - 8} more" if len(tipped) > 8 else ""),
+            "layout_opt_change": _CHANGE.get(v["rule"], "")}
+
+
+def read_graph(graph, emitted, path, compile_id: str, decision: dict | None):
     """(graph row, kernel rows, buffer rows) of a lowered ``graph``; ``emitted`` is the
     (kernel name, nodes, is extern) of each kernel, in the order the code generator wrote them."""
     phase, gid = _phase(graph), graph.graph_id
@@ -112,17 +252,24 @@ def read_graph(graph, emitted, path, compile_id: str, log_lines):
         if is_extern or isinstance(nodes, T.inductor_ir.IRNode):
             seen.add(id(nodes))
             reads, writes, fx = _extern_io(graph, nodes)
-            kind = "extern"
+            kind, moved = "extern", ""
         else:
-            reads, writes, fx, kind = _fused_io(graph, list(nodes), calls.get(name))
+            reads, writes, fx, kind, moved = _fused_io(graph, list(nodes), calls.get(name))
         source, module, sources = where_from(fx)
         kernels.append({"graph": gid, "phase": phase, "order": order, "kernel": name, "kind": kind, "source": source,
-                        "module": module, "sources": sources, "fx_nodes": ";".join(n.name for n in fx)})
+                        "module": module, "sources": sources, "fx_nodes": ";".join(n.name for n in fx),
+                        "moves": moved})
         for role, bufs in (("read", reads), ("write", writes)):
             buffers.extend(_buffer_row(graph, gid, phase, order, role, b, n, outputs) for b, n in bufs)
+    decision = dict(decision or {})
+    log_lines = decision.pop("log", [])
+    if not decision:  # the caller gave the layout (GraphLowering(layout_opt=...)): decide_layout_opt did not run
+        decision = {"layout_opt_rule": "given", "layout_opt_reason": "given by the caller (freezing decides it once "
+                    "for the inference graph)", "layout_opt_numbers": "", "layout_opt_tipped": "",
+                    "layout_opt_change": ""}
+    decision = {k: decision.get(k, "") for k in DECISION_COLUMNS}
     row = {"graph": gid, "phase": phase, "compile_id": compile_id, "layout_opt": bool(graph.layout_opt),
-           "layout_opt_reason": layout_opt_reason(graph, log_lines or []), "layout_opt_log": " | ".join(log_lines or []),
-           "output_code": path or ""}
+           **decision, "layout_opt_log": " | ".join(log_lines), "output_code": path or ""}
     return row, kernels, buffers
 
 
@@ -174,7 +321,78 @@ def _fused_io(graph, schedule, args):
         writes = [n for n in args if n in written]
         reads += [n for n in args if n not in written and n not in reads and buffer_named(graph, n) is not None]
     kind = "template" if any(isinstance(s.node, T.inductor_ir.TemplateBuffer) for s in inner) else "fused"
-    return _named(graph, reads), _named(graph, sorted(writes)), origins([s.node for s in inner if s.node is not None]), kind
+    return (_named(graph, reads), _named(graph, sorted(writes)), origins([s.node for s in inner if s.node is not None]),
+            kind, moves(graph, inner, written))
+
+
+def _unit_strides(graph, dep) -> dict | None:
+    """Each loop variable's stride in one access of a generated loop (``MemoryDep``): how far
+    the address moves when that variable steps from 0 to 1, the others at 0; None for an
+    indirect access (a scatter or gather, whose address depends on loaded values)."""
+    index, names, sizes = getattr(dep, "index", None), getattr(dep, "var_names", None), getattr(dep, "size", None)
+    if index is None or names is None or sizes is None or dep.is_indirect():
+        return None
+    zero = {v: 0 for v in names}
+    try:
+        base = _hint(graph, index.subs(zero))
+        out = {}
+        for v, n in zip(names, sizes):
+            if _hint(graph, n) > 1:
+                out[v] = (_hint(graph, index.subs({**zero, v: 1})) - base, _hint(graph, n))
+        return out
+    except Exception:  # noqa: BLE001  (an index sympy cannot evaluate with hints)
+        return None
+
+
+def _order(strides: dict) -> tuple:
+    """The loop variables an access covers, from its innermost (smallest stride) outwards."""
+    return tuple(v for v, (st, _) in sorted(strides.items(), key=lambda kv: (abs(kv[1][0]), str(kv[0]))) if st)
+
+
+def moves(graph, inner, written: set) -> str:
+    """The (read buffer, written buffer, elements) a generated kernel moves from one physical
+    order to another, as ``read>written:elements`` joined by ``;``: within one loop of the
+    kernel, a store and a load that cover the same loop variables (element for element, no
+    broadcast and no reduction between them) and step through them in a different order of
+    strides. The buffers' declared ranks and sizes do not matter: a store into a buffer typed
+    2-D, or into a permuted view, is judged by the addresses it writes."""
+    found = {}
+    for s in inner:
+        body, sizes = getattr(s, "_body", None), getattr(s, "_sizes", None)
+        if body is None or sizes is None:  # an extern or template node: no loop of its own
+            continue
+        rw = T.extract_read_writes(body, *sizes, normalize=False).rename(getattr(s, "mutation_renames", {}) or {})
+        stores = [(d, _unit_strides(graph, d)) for d in rw.writes if d.name in written]
+        loads = [(d, _unit_strides(graph, d)) for d in rw.reads if type(d).__name__ == "MemoryDep"]
+        for w, ws in stores:
+            if not ws:
+                continue
+            for r, rs in loads:
+                if not rs or r.name == w.name or set(v for v, (st, _) in rs.items() if st) != \
+                        set(v for v, (st, _) in ws.items() if st) or _order(rs) == _order(ws):
+                    continue
+                numel = 1
+                for v in _order(ws):
+                    numel *= ws[v][1]
+                found.setdefault((r.name, w.name), numel)
+    real = dict(getattr(graph.scheduler, "mutation_real_name", {}) if graph.scheduler is not None else {})
+    for s in inner:  # a node that stores in place into another buffer (a scatter) is named after that buffer
+        mutated = list(s.node.get_mutation_names()) if getattr(s, "node", None) is not None else []
+        if mutated:
+            real.setdefault(s.get_name(), mutated[0])
+
+    def named(name: str) -> str:  # a store into a buffer in place is named after it, as the call passes it
+        seen = set()
+        while name in real and name not in seen:
+            seen.add(name)
+            name = real[name]
+        return name
+
+    moved = {}
+    for (r, w), n in found.items():
+        if named(r) != named(w):
+            moved.setdefault((named(r), named(w)), n)
+    return ";".join(f"{r}>{w}:{n}" for (r, w), n in moved.items())
 
 
 def _extern_io(graph, node):
@@ -206,31 +424,3 @@ def _buffer_row(graph, gid, phase, order, role, node, name, outputs) -> dict:
             "dtype": str(dtype).replace("torch.", "") if dtype is not None else "",
             "itemsize": dtype.itemsize if dtype is not None else 0,
             "graph_input": name in graph.graph_inputs, "graph_output": name in outputs}
-
-
-def layout_opt_reason(graph, log_lines: list[str]) -> str:
-    """Why ``decide_layout_opt`` decided as it did, from its debug line or, for the rules that
-    log nothing, from the inputs of its decision (config, the convolutions and their devices)."""
-    for line in log_lines:
-        for start, reason in _LOGGED.items():
-            if line.startswith(start):
-                return reason
-    config = T.inductor_config
-    if not config.layout_optimization:
-        return "turned off (config.layout_optimization / TORCHINDUCTOR_LAYOUT_OPTIMIZATION=0)"
-    if config.force_layout_optimization:
-        return "forced on (config.force_layout_optimization)"
-    targets = [str(n.target) for n in graph.module.graph.nodes if n.op == "call_function"]
-    convs = sum(t == "aten.convolution.default" or T.is_mkldnn_conv(n)
-                for t, n in zip(targets, (n for n in graph.module.graph.nodes if n.op == "call_function")))
-    backward = targets.count("aten.convolution_backward.default")
-    if graph.layout_opt:
-        if torch.backends.mkldnn.enabled and torch.backends.mkldnn.is_available():
-            return "on: oneDNN is available and every convolution runs on a CPU device (Inductor's CPU rule)"
-        return "on: the training heuristics passed (channels, groups, convolutions per node)"
-    if convs + backward == 0:
-        return "no convolution in the graph"
-    if convs == 0:
-        return (f"this torch ({torch.__version__}) does not count the graph's {backward} convolution_backward "
-                "as convolutions")
-    return "off (no rule logged a reason)"

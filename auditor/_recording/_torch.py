@@ -143,6 +143,13 @@ ENTRIES: dict[str, dict[str, str]] = {
     "inductor": {
         "GraphLowering": "torch._inductor.graph.GraphLowering",
         "is_mkldnn_conv": "torch._inductor.graph.is_mkldnn_conv",
+        # the FLOPs decide_layout_opt weighs for an inference graph, and the devices of its CPU rule
+        "count_flops_fx": "torch._inductor.fx_utils.count_flops_fx",
+        "has_free_symbols": "torch.fx.experimental.symbolic_shapes.has_free_symbols",
+        # the loads and stores of a scheduled loop in its own loop variables (not normalized, which
+        # merges each access's loops apart): what a conversion kernel moves, whatever its buffers' ranks
+        "extract_read_writes": "torch._inductor.dependencies.extract_read_writes",
+        "SUPPORTED_MKLDNN_DEVICES": "torch._inductor.utils.SUPPORTED_MKLDNN_DEVICES",
         "inductor_debug": "torch._inductor.debug",
         "inductor_config": "torch._inductor.config",
         "inductor_ir": "torch._inductor.ir",
@@ -367,6 +374,43 @@ def _inductor_shape_problems() -> list[str]:
         if obj is None or not hasattr(obj, rest[0] if rest else owner):
             problems.append(f"config.{name}")
     return problems
+
+
+#: The numbers ``GraphLowering.decide_layout_opt`` decides with, as written in its body (local
+#: constants, not config), as torch 2.14's graph.py orders its rules: config off, forced, no
+#: convolution, oneDNN on a CPU/XPU device, nodes >= 300 per convolution, dynamic sizes, then
+#: for inference FLOPs weighted by the four multipliers, for training a grouped convolution with
+#: more than one input channel per group, one with ``out * 2 <= in`` and a kernel wider than 1,
+#: and every convolution with at most 64 input and output channels. It has no category for
+#: transposed convolutions. The explanation (``_inductor_graph.explain_layout_opt``) replays these
+#: rules and compares its verdict with the one the running torch returned;
+#: :func:`layout_opt_constants` checks each number against the constants of the running torch's
+#: function, so a release that changes one is named instead of explained with the old number.
+LAYOUT_OPT_CONSTANTS = {"nodes_per_conv": 300, "small_channels": 64, "in_out_ratio": 2,
+                        "multipliers": {"grouped": 1.358, "default": 0.823, "in_out": 0.725, "small": 0.783}}
+
+
+def _code_constants(code) -> set:
+    found = set()
+    for c in code.co_consts:
+        if hasattr(c, "co_consts"):
+            found |= _code_constants(c)
+        elif isinstance(c, (int, float)) and not isinstance(c, bool):
+            found.add(c)
+    return found
+
+
+def layout_opt_constants() -> tuple[dict, list[str]]:
+    """(the numbers of :data:`LAYOUT_OPT_CONSTANTS`, those the running torch's
+    ``decide_layout_opt`` does not contain): an empty list means this torch decides with them."""
+    fn = getattr(__getattr__("GraphLowering"), "decide_layout_opt", None)
+    fn = getattr(fn, "__wrapped__", fn)  # a compiled audit's wrapper keeps the original
+    code = getattr(fn, "__code__", None)
+    have = _code_constants(code) if code is not None else set()
+    c = LAYOUT_OPT_CONSTANTS
+    wanted = {"nodes_per_conv": c["nodes_per_conv"], "small_channels": c["small_channels"],
+              "in_out_ratio": c["in_out_ratio"], **{f"{k} multiplier": v for k, v in c["multipliers"].items()}}
+    return c, [f"{name} {value}" for name, value in wanted.items() if value not in have]
 
 
 def require_inductor() -> None:
