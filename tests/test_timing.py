@@ -13,6 +13,7 @@ import torch.nn as nn
 from planted import make
 
 import auditor
+from auditor._session import PLAIN_STEPS
 
 CL = torch.channels_last
 
@@ -304,7 +305,9 @@ def test_a_timed_audit_warms_up_once_and_records_the_step_a_fresh_model_takes():
     hook = model[0].register_forward_hook(lambda *_: calls.append(1))
     warm = auditor.audit(model, x)
     hook.remove()
-    assert len(calls) == 2  # the warm-up, then the recorded step
+    # the warm-up, the steps timed without the recorder (plain, profiled alone, plain), then the
+    # recorded step
+    assert len(calls) == 1 + PLAIN_STEPS + 1 + 1
     assert list(warm.events["op"]) == list(cold.events["op"])
     assert all(p.grad is not None for p in model.parameters())  # the recorded step's gradients
     untimed = []
@@ -350,7 +353,9 @@ def test_a_timed_audits_last_warm_up_runs_under_the_profiler():
 
     x = torch.randn(2, 3, requires_grad=True)
     auditor.audit(Probe(), x, warmup=3)
-    assert profiled == [False, False, True, True]  # two plain warm-ups, the profiled one, the recorded step
+    # two plain warm-ups, the profiled one, the step timed without the recorder (plain, under the
+    # profiler alone, plain), the recorded step
+    assert profiled == [False, False, True, False, True, False, True]
     profiled.clear()
     auditor.audit(Probe(), x, warmup=2, record_time=False)
     assert profiled == [False, False, False]

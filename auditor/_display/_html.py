@@ -166,11 +166,12 @@ def source_html(source) -> str:
 
 def audit_html(ops: pd.DataFrame, hot: pd.DataFrame, summary: pd.DataFrame, causes: pd.DataFrame | None = None,
                *, complete: bool = True, error: str = "", top: int = 10, depth: int = 1,
-               verified: pd.DataFrame | None = None, threads: int | None = None) -> str:
+               verified: pd.DataFrame | None = None, threads: int | None = None, step_time=None) -> str:
     """The report (:func:`~auditor._display._report.audit_report`) as HTML: the totals (times
     at ``threads``), the ``top`` causes (each leading with its measured saving, the estimate
     beside it, once ``verified``), the hotspot groups and the modules at ``depth`` as tables."""
-    parts = [header_html(total_lines(ops, hot, causes, complete, error, threads=threads, verified=verified))]
+    parts = [header_html(total_lines(ops, hot, causes, complete, error, threads=threads, verified=verified,
+                                     step_time=step_time))]
     if not len(hot):
         parts.append(_paragraph("No losses or conversions between convolutions: channels_last propagates."))
         return _block(parts)

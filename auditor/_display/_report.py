@@ -46,7 +46,7 @@ MODULE_COLUMNS = [
 
 def audit_report(ops: pd.DataFrame, hot: pd.DataFrame, summary: pd.DataFrame, causes: pd.DataFrame | None = None,
                  *, complete: bool = True, error: str = "", top: int = 10, depth: int = 1,
-                 verified: pd.DataFrame | None = None, threads: int | None = None) -> str:
+                 verified: pd.DataFrame | None = None, threads: int | None = None, step_time=None) -> str:
     """Totals, the ``top`` causes with the hotspots they lead to, and the modules at ``depth``
     that cost most.
 
@@ -55,9 +55,10 @@ def audit_report(ops: pd.DataFrame, hot: pd.DataFrame, summary: pd.DataFrame, ca
     :func:`~auditor._analysis.cause_table` of one audit (without causes, the hotspot groups are
     listed on their own). ``verified``: ``Fixes.verify()``'s table, once the fixes were verified:
     each cause then leads with its measured saving, the estimate beside it. ``threads``: the
-    intra-op threads the times were taken at (``Audit.threads``), said in the head.
+    intra-op threads the times were taken at (``Audit.threads``), said in the head;
+    ``step_time``: how the recorder's own cost was kept out of them (a ``StepTime``).
     """
-    lines = total_lines(ops, hot, causes, complete, error, threads=threads, verified=verified)
+    lines = total_lines(ops, hot, causes, complete, error, threads=threads, verified=verified, step_time=step_time)
     if len(hot):
         lines.append("")
         if causes is not None and len(causes):
@@ -87,7 +88,7 @@ def module_rows(summary: pd.DataFrame) -> tuple[pd.DataFrame, bool]:
 
 
 def total_lines(ops: pd.DataFrame, hot: pd.DataFrame, causes, complete: bool, error: str, *,
-                threads: int | None = None, verified: pd.DataFrame | None = None) -> list[str]:
+                threads: int | None = None, verified: pd.DataFrame | None = None, step_time=None) -> list[str]:
     """The report's head: ops per phase and kind, hotspot totals, times (at ``threads``; with
     ``verified``, the measured saving of all fixes first); the HTML shows it too."""
     phases = ops["phase"].value_counts()
@@ -107,7 +108,7 @@ def total_lines(ops: pd.DataFrame, hot: pd.DataFrame, causes, complete: bool, er
         f"(forward {format_bytes(by_phase.get('forward', 0))}, backward {format_bytes(by_phase.get('backward', 0))})"
     )
     if "time_us" in ops and ops["time_us"].notna().any():
-        lines.extend(_time_lines(ops, causes, threads, verified))
+        lines.extend(_time_lines(ops, causes, threads, verified, step_time))
     independent = ops[ops["layout_independent"]] if "layout_independent" in ops else ops.iloc[:0]
     if len(independent):
         lines.append(
@@ -143,7 +144,7 @@ def _uncertain_lines(independent: pd.DataFrame) -> list[str]:
 
 
 def _time_lines(ops: pd.DataFrame, causes, threads: int | None = None,
-                verified: pd.DataFrame | None = None) -> list[str]:
+                verified: pd.DataFrame | None = None, step_time=None) -> list[str]:
     """Where the step's time went: the ops, the hotspots among them, and the time between ops;
     the thread count they were taken at; what fixing every cause saves, measured first once
     ``verified``. Where the ops' times add up to more than the step, the reason, no numbers."""
@@ -170,11 +171,24 @@ def _time_lines(ops: pd.DataFrame, causes, threads: int | None = None,
              for paragraph in head.split("\n") for i, part in enumerate(textwrap.wrap(paragraph, 114))]
     if "gap_us" in ops and ops["gap_us"].notna().any():
         lines.append(f"  time outside ops (the step's Python, module calls, the autograd engine): "
-                     f"{format_us(ops['gap_us'].sum())}")
+                     f"{format_us(ops['gap_us'].sum())}" + ("" if step_time is not None else
+                                                              ", the recorder's own work included"))
+    if step_time is not None:
+        lines.extend(_recorder_lines(step_time))
     if "artifact" in ops and ops["artifact"].any():
         lines.append(f"  {int(ops['artifact'].sum())} gradient sums ran out of place only because a recorder "
                      "was active (marked in Audit.events['artifact']); they are never causes")
     return lines
+
+
+def _recorder_lines(step_time) -> list[str]:
+    """The recorder's own cost, kept out of the ops and the time outside them, and how."""
+    paragraph = (
+        f"the recorder's own cost, not in the times above: {format_us(step_time.recorder_us)} (recorded step "
+        f"{format_us(step_time.recorded_us)}; the same step without the auditor {format_us(step_time.plain_us)}, "
+        f"median of {step_time.plain_steps}: ops and time outside ops are its parts; each op less "
+        f"{format_us(step_time.per_record_us)} per profiler record inside it)")
+    return [f"  {part}" if i == 0 else f"    {part}" for i, part in enumerate(textwrap.wrap(paragraph, 114))]
 
 
 def _measured_total(verified: pd.DataFrame | None) -> str:

@@ -215,6 +215,71 @@ class Timing:
     start_ns: list[int] = field(default_factory=list)
     gap_ns: list[int] = field(default_factory=list)
     hidden: list[tuple] = field(default_factory=list)
+    #: per recorded op, the profiler records inside it (its inner record and all below): what the
+    #: profiler's own per-record cost adds to its time (0 where unmatched)
+    records: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PlainStep:
+    """The step the user runs, timed by the audit without the recorder: process CPU time at the
+    audit's thread count. ``cpu_ns``: the median of ``steps`` plain steps (no mode, no
+    profiler); ``profiled_ns`` and ``profiled_records``: the step under the profiler alone (the
+    last warm-up step) and the records the profiler made in it, which give the profiler's own
+    cost per record."""
+
+    cpu_ns: int
+    steps: int
+    profiled_ns: int = 0
+    profiled_records: int = 0
+
+    @property
+    def per_record_ns(self) -> float:
+        """What one profiler record costs the step (0 where not measured)."""
+        if self.profiled_records <= 0 or self.profiled_ns <= 0:
+            return 0.0
+        return max(0.0, (self.profiled_ns - self.cpu_ns) / self.profiled_records)
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """How the recorded step's times were made the plain step's (µs): ``recorded_us`` the
+    process CPU time from the recorded step's first op to its last, ``plain_us`` the plain
+    step's (median of ``plain_steps``), ``ops_us`` and ``outside_us`` what the audit shows
+    (they add up to ``plain_us`` unless the ops alone exceed it), ``recorder_us`` the rest
+    (the recorder's own cost: the mode's Python and the profiler's records), ``per_record_us``
+    the profiler's measured cost per record, taken out of each op."""
+
+    plain_us: float
+    recorded_us: float
+    ops_us: float
+    outside_us: float
+    recorder_us: float
+    per_record_us: float
+    plain_steps: int
+
+
+def take_out_recorder(time_ns: list[int], gap_ns: list[int], records: list[int], plain: PlainStep,
+                      recorded_ns: int) -> tuple[list[int], list[int], StepTime]:
+    """The recorded ops' times and gaps as the plain step's (``-1``, untimed, stays).
+
+    Each op loses the profiler's cost of the records made inside it (``records`` x the cost per
+    record measured on the profiled warm-up step against the plain ones); the time outside ops
+    is what the plain step spent beyond those ops, shared among the gaps as the recorded step
+    spread them (the recorder's Python falls in every gap alike, per op). What the recorded
+    step took beyond the plain one is the recorder's cost, kept apart (:class:`StepTime`)."""
+    per = plain.per_record_ns
+    ops = [t if t < 0 else max(0, round(t - per * r)) for t, r in zip(time_ns, records, strict=True)]
+    ops_ns = sum(t for t in ops if t > 0)
+    gaps_ns = sum(g for g in gap_ns if g > 0)
+    outside = max(0, plain.cpu_ns - ops_ns) if gaps_ns else 0
+    scale = outside / gaps_ns if gaps_ns else 0.0
+    gaps = [g if g < 0 else round(g * scale) for g in gap_ns]
+    return ops, gaps, StepTime(
+        plain_us=plain.cpu_ns / 1e3, recorded_us=recorded_ns / 1e3, ops_us=ops_ns / 1e3,
+        outside_us=sum(g for g in gaps if g > 0) / 1e3,
+        recorder_us=max(0, recorded_ns - ops_ns - outside) / 1e3, per_record_us=per / 1e3,
+        plain_steps=plain.steps)
 
 
 def join(funcs: list, failed: list[tuple[int, str]], result) -> Timing:
@@ -237,8 +302,10 @@ def join(funcs: list, failed: list[tuple[int, str]], result) -> Timing:
             timing.time_ns.append(-1)
             timing.start_ns.append(-1)
             timing.gap_ns.append(-1)
+            timing.records.append(0)
             continue
         _, inner, outer = calls[k]
+        timing.records.append(count_records([inner]))
         outer = outer if outer is not None else inner
         timing.time_ns.append(inner.duration_time_ns)
         timing.start_ns.append(inner.start_time_ns - origin)
@@ -251,6 +318,16 @@ def join(funcs: list, failed: list[tuple[int, str]], result) -> Timing:
             timing.hidden.extend(_hidden_copies(seq, inner, names_of, origin))
             timing.hidden.extend(device_conversions(seq, inner, origin))
     return timing
+
+
+def count_records(roots) -> int:
+    """The profiler records in the trees under ``roots``, the roots included."""
+    n, stack = 0, list(roots)
+    while stack:
+        e = stack.pop()
+        n += 1
+        stack.extend(e.children)
+    return n
 
 
 def _profiler_name(func) -> str:
