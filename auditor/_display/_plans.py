@@ -123,8 +123,11 @@ def plan_html(*, headline: str, candidates: pd.DataFrame, notes: list[str], deci
     """The plan in a notebook: its headline and notes, the candidates, and the decisions."""
     cols = [c for c in ("candidate", "predicted_us", "measured_us", "spread", "vs", "ratio", "ratio_low",
                         "ratio_high", "repeats", "within_noise", "chosen") if c in candidates]
+    # the spread as the text shows it: half the interquartile range, over the median
+    shown = candidates.assign(spread=candidates["spread"] / 2) if "spread" in candidates else candidates
     return (header_html([headline, *notes])
-            + table_html(candidates, columns=cols, formats={"spread": "±{:.0%}".format},
+            + table_html(shown, columns={c: ("±IQR/2" if c == "spread" else c) for c in cols},
+                         formats={"spread": "±{:.0%}".format},
                          caption="Candidates: the whole model, timed end to end")
             + table_html(decisions, caption="Decisions per group of same-signature convolutions",
                          max_rows=30, more="LayoutPlan.decisions()"))
