@@ -22,12 +22,9 @@ from pathlib import Path
 import torch
 import torchvision
 
-try:
-    import auditor
-except ImportError:  # run from a checkout without the editable install
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    import auditor
-
+# this checkout's package, whatever an editable install elsewhere points at
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import auditor  # noqa: E402
 from auditor._measure._decide import median_interval
 from auditor._step import Step
 
