@@ -11,7 +11,7 @@ import statistics
 import time
 import warnings
 
-from ._recording._mode import RecorderMode
+from ._recording._mode import RecorderMode, pause_collector, resume_collector
 from ._recording._modules import ForwardModuleTracker
 from ._recording._profile import (
     PlainStep,
@@ -67,6 +67,7 @@ class FormatAuditor:
         #: the step timed without the recorder (set by :func:`record_step`): the times then
         #: leave the recorder's own cost out
         self._plain: PlainStep | None = None
+        self._collector = False  # whether Python's garbage collector ran before recording paused it
 
     @property
     def audit(self) -> Audit:
@@ -114,6 +115,7 @@ class FormatAuditor:
                     mode.mark = RecordFunctionFast
                 self._profile = ProfileSession(record_shapes=True)
                 self._profile.start()  # before the mode, so its own records are inside
+            self._collector = pause_collector()  # the log's growth would start collections
             mode.__enter__()
             self._state = "recording"
         except BaseException:
@@ -122,8 +124,11 @@ class FormatAuditor:
             try:
                 _leave(mode)
             finally:
-                self._teardown()
-                mode.release()
+                try:
+                    self._teardown()
+                    mode.release()
+                finally:
+                    resume_collector(self._collector)
             raise
         return self
 
@@ -148,7 +153,10 @@ class FormatAuditor:
             del result
             self._audit = Audit.from_raw(raw)
         finally:
-            mode.release()
+            try:
+                mode.release()
+            finally:
+                resume_collector(self._collector)
         if len(raw.compiled):
             warnings.warn(
                 f"auditor: {len(raw.compiled)} recorded ops ran inside torch.compile'd code (events with "

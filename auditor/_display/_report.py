@@ -187,7 +187,10 @@ def _recorder_lines(step_time) -> list[str]:
         f"the recorder's own cost, not in the times above: {format_us(step_time.recorder_us)} (recorded step "
         f"{format_us(step_time.recorded_us)}; the same step without the auditor {format_us(step_time.plain_us)}, "
         f"median of {step_time.plain_steps}: ops and time outside ops are its parts; each op less "
-        f"{format_us(step_time.per_record_us)} per profiler record inside it)")
+        f"{format_us(step_time.per_record_us)} per profiler record inside it)"
+        + (f"; the ops still come to {format_us(step_time.ops_us - step_time.plain_us)} more than the plain step: "
+           "the recorder slows the ops themselves too, by an amount that is not separated per op"
+           if step_time.ops_us > step_time.plain_us else ""))
     return [f"  {part}" if i == 0 else f"    {part}" for i, part in enumerate(textwrap.wrap(paragraph, 114))]
 
 
@@ -224,7 +227,7 @@ def _cause_lines(causes: pd.DataFrame, hot: pd.DataFrame, top: int, verified: pd
             for i, part in enumerate(textwrap.wrap(f"measured: {saving_text(measured[c.cause])}", 110)):
                 lines.append(f"      {part}" if i == 0 else f"        {part}")
         label = "estimate: " if c.cause in measured else ""
-        cost = f", {format_us(c.time_us)}; {label}{estimate_text(c._asdict())}" if timed else ""
+        cost = f", {_cause_time(c)}; {label}{estimate_text(c._asdict())}" if timed else ""
         first, *rest = textwrap.wrap(f"{c.hotspots} hotspot ops, {format_bytes(c.bytes)}{cost}", 116)
         lines.extend([f"      {first}", *(f"        {r}" for r in rest)])
         if c.source:
@@ -240,6 +243,16 @@ def _cause_lines(causes: pd.DataFrame, hot: pd.DataFrame, top: int, verified: pd
     if len(causes) > top:
         lines.append(f"  ... and {len(causes) - top} more causes (Audit.causes())")
     return lines
+
+
+def _cause_time(c) -> str:
+    """A cause's time in the parts that add up to it: its hotspots, and the ops its fix
+    replaces or removes beside them (what its estimate can exceed its hotspots by)."""
+    replaced = getattr(c, "replaced_us", 0.0)
+    if not replaced or replaced != replaced or getattr(c, "hotspot_us", None) is None:
+        return format_us(c.time_us)
+    return (f"{format_us(c.time_us)} (hotspots {format_us(c.hotspot_us)} + ops its fix replaces "
+            f"{format_us(replaced)})")
 
 
 #: What hotspot groups must share to be shown as one row (:func:`combine_blocks`), beside their

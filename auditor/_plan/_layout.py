@@ -554,7 +554,7 @@ def _conv_reason(prefer: str, alt: str, default: str, d: Decision, shown: tuple[
         return (f"{prefer}: within noise ({alt}/{default} {d.ratio:.3f} in [{d.low:.3f}, {d.high:.3f}] "
                 f"after {d.repeats} rounds, margin {margin:.0%}) {what}")
     if lo > 1:  # the whole interval says prefer is faster
-        return f"{prefer} {ratio:.2f}x faster [{lo:.2f}, {hi:.2f}] {what}"
+        return f"{prefer} {ratio:.3f}x faster [{lo:.3f}, {hi:.3f}] {what}"
     if d.takes_alternative:  # clear against the margin, on totals the row's ratio does not show
         return f"{prefer}: {alt}/{default} {d.ratio:.3f} in [{d.low:.3f}, {d.high:.3f}], past the {margin:.0%} margin {what}"
     if hi >= 1:  # the row's interval straddles 1: no speed-up either way is shown
