@@ -298,7 +298,9 @@ def _engine_sums(ops: list, op_code: np.ndarray, phases, origins, rows: _TensorR
     first_in = {}
     for r in np.flatnonzero(~is_out & (rows.position == 0) & np.isin(rows.seq, candidates)):
         first_in.setdefault(int(rows.seq[r]), int(rows.tid[r]))
-    out_seq, out_tid = rows.seq[is_out].tolist(), rows.tid[is_out].tolist()
+    # only the writes of the tensors the candidates add into matter
+    wanted = is_out & np.isin(rows.tid, np.fromiter(first_in.values(), dtype=np.int64, count=len(first_in)))
+    out_seq, out_tid = rows.seq[wanted].tolist(), rows.tid[wanted].tolist()
     k = 0
     for e in candidates.tolist():
         while k < len(out_seq) and out_seq[k] < e:
