@@ -186,8 +186,9 @@ def _recorder_lines(step_time) -> list[str]:
     paragraph = (
         f"the recorder's own cost, not in the times above: {format_us(step_time.recorder_us)} (recorded step "
         f"{format_us(step_time.recorded_us)}; the same step without the auditor {format_us(step_time.plain_us)}, "
-        f"median of {step_time.plain_steps}: ops and time outside ops are its parts; each op less "
-        f"{format_us(step_time.per_record_us)} per profiler record inside it)"
+        f"median of {step_time.plain_steps}: ops and time outside ops are its parts; "
+        + (f"each op less {format_us(step_time.per_record_us)} per profiler record inside it)"
+           if step_time.per_record_us > 0 else "the profiler's records cost it nothing measurable)")
         + (f"; the ops still come to {format_us(step_time.ops_us - step_time.plain_us)} more than the plain step: "
            "the recorder slows the ops themselves too, by an amount that is not separated per op"
            if step_time.ops_us > step_time.plain_us else ""))
@@ -249,7 +250,8 @@ def _cause_time(c) -> str:
     """A cause's time in the parts that add up to it: its hotspots, and the ops its fix
     replaces or removes beside them (what its estimate can exceed its hotspots by)."""
     replaced = getattr(c, "replaced_us", 0.0)
-    if not replaced or replaced != replaced or getattr(c, "hotspot_us", None) is None:
+    # parts shown where the replaced ops are a part worth naming (1 µs and 1% of the time)
+    if not replaced == replaced or replaced < max(1.0, 0.01 * c.time_us) or getattr(c, "hotspot_us", None) is None:
         return format_us(c.time_us)
     return (f"{format_us(c.time_us)} (hotspots {format_us(c.hotspot_us)} + ops its fix replaces "
             f"{format_us(replaced)})")
