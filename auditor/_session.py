@@ -17,6 +17,7 @@ from ._recording._profile import (
     PlainStep,
     ProfileSession,
     count_records,
+    op_totals,
     profiler_records_mode_calls,
     require_profiler,
 )
@@ -231,7 +232,7 @@ def warm_up(step: Step, steps: int, *, record_time: bool = False) -> PlainStep |
     if profiled is None:
         return None
     return PlainStep(cpu_ns=int(statistics.median(plain)), steps=len(plain), profiled_ns=profiled[0],
-                     profiled_records=profiled[1])
+                     profiled_records=profiled[1], op_totals=profiled[2])
 
 
 def _plain_cpu_ns(step: Step) -> int:
@@ -241,18 +242,25 @@ def _plain_cpu_ns(step: Step) -> int:
     return time.process_time_ns() - c0
 
 
-def _profiled(step: Step) -> tuple[int, int] | None:
+def _profiled(step: Step) -> tuple[int, int, dict] | None:
     """One step under torch's profiler alone, shapes recorded: (its process CPU time, the records
-    the profiler made), or None when the user's profiler runs (the step then runs under it)."""
+    the profiler made, each op's calls and time: :func:`op_totals`), or None when the user's
+    profiler runs (the step then runs under it)."""
     session = ProfileSession(record_shapes=True)
     session.start()
     try:
-        c0 = time.process_time_ns()
+        c0, w0 = time.process_time_ns(), time.perf_counter_ns()
         step.warm_up(1)
-        spent = time.process_time_ns() - c0
+        spent, wall = time.process_time_ns() - c0, time.perf_counter_ns() - w0
     finally:
         result = session.stop()
-    return None if result is None else (spent, count_records(result.experimental_event_tree()))
+    if result is None:
+        return None
+    roots = result.experimental_event_tree()
+    # the profiler's clock is the wall's: on a busy machine its records also count the slices
+    # other processes ran, which the step's CPU time says how much of
+    on_cpu = min(1.0, spent / wall) if wall > 0 else 1.0
+    return spent, count_records(roots), {k: (n, round(t * on_cpu)) for k, (n, t) in op_totals(roots).items()}
 
 
 def record_step(step: Step, *, strict: bool = False, record_source: bool = False, record_time: bool = False,

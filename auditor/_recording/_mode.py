@@ -600,7 +600,7 @@ class RecorderMode(TorchDispatchMode):
             hidden, gap_ns = hidden_on_cpu(timing.hidden, timing.time_ns, time_ns), timing.gap_ns
             if plain is not None and self.cpu_last > self.cpu_first and complete:
                 ops_ns, gap_ns, raw.step_time = take_out_recorder(
-                    time_ns, gap_ns, timing.records, plain, self.cpu_last - self.cpu_first)
+                    time_ns, gap_ns, timing.records, plain, self.cpu_last - self.cpu_first, timing.names)
                 hidden, time_ns = hidden_on_cpu(hidden, time_ns, ops_ns), ops_ns
             raw.time_ns, raw.start_ns, raw.gap_ns, raw.hidden = time_ns, timing.start_ns, gap_ns, hidden
         return raw
