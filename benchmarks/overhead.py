@@ -31,7 +31,8 @@ shared machine wall time counts the slices other processes ran.
 
 Ratios between variants come two ways: the ratio of their medians, and the median over the
 rounds of the ratio within each round ("paired"). Runs of one round ran back to back, so the
-paired ratio cancels the slow drifts of a shared machine; the targets are judged on it.
+paired ratio cancels the slow drifts of a shared machine; the targets are judged on it, in
+process CPU time: the recorder with its DataFrames (``cpu total``) at most 1.10x the bare mode.
 """
 
 from __future__ import annotations
