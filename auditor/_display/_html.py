@@ -184,7 +184,10 @@ def audit_html(ops: pd.DataFrame, hot: pd.DataFrame, summary: pd.DataFrame, caus
             causes = causes.assign(measured=[measured.get(int(c), "") for c in causes["cause"]])
             cols["measured"] = "saving, measured (verified)"
         if timed:
-            cols |= {"time_us": "time", "saving_us": "saving, estimated" if verified is not None else "saving"}
+            cols |= {"time_us": "time", **{c: n for c, n in (("hotspot_us", "of it hotspots"),
+                                                             ("replaced_us", "of it ops its fix replaces"))
+                                            if c in causes},
+                     "saving_us": "saving, estimated" if verified is not None else "saving"}
             if "saving_trusted" in causes:  # an estimate it cannot stand behind is left blank, and why is said
                 causes = causes.assign(saving_us=causes["saving_us"].where(causes["saving_trusted"].astype(bool)))
                 if (causes["saving_note"].astype(str) != "").any():
