@@ -186,9 +186,8 @@ def _recorder_lines(step_time) -> list[str]:
     paragraph = (
         f"the recorder's own cost, not in the times above: {format_us(step_time.recorder_us)} (recorded step "
         f"{format_us(step_time.recorded_us)}; the same step without the auditor {format_us(step_time.plain_us)}, "
-        f"median of {step_time.plain_steps}: ops and time outside ops are its parts; "
-        + (f"each op less {format_us(step_time.per_record_us)} per profiler record inside it)"
-           if step_time.per_record_us > 0 else "the profiler's records cost it nothing measurable)")
+        f"median of {step_time.plain_steps}: ops and time outside ops are its parts; each op less "
+        f"{format_us(step_time.per_record_us)} per profiler record inside it)"
         + (f"; the ops still come to {format_us(step_time.ops_us - step_time.plain_us)} more than the plain step: "
            "the recorder slows the ops themselves too, by an amount that is not separated per op"
            if step_time.ops_us > step_time.plain_us else ""))
