@@ -50,7 +50,10 @@ def audit(
 
     ``warmup`` steps run unrecorded first, so that times are those of a steady step rather than
     of the first one in the process (which sets up kernels and memory): by default one when the
-    audit is timed, none otherwise (``warmup=0`` times the first step). They are real steps: they
+    audit is timed, none otherwise (``warmup=0`` times the first step). A timed audit with a
+    warm-up then runs three more steps to time the step without the auditor (two with nothing
+    watching, one under the profiler alone): the recorder's own cost is kept out of the times and
+    shown on its own line (docs, "The time model"). They are real steps: they
     update batch-norm statistics and, with an optimizer, the parameters, but every gradient
     is given back the value it had, so the recorded step sees the gradients it would have seen.
 
@@ -79,9 +82,9 @@ def audit(
         return _compiled_audit(step, compile_options, record_time=record_time, strict=strict,
                                record_source=record_source, warmup=warmup)
     with timing_threads(record_time) as threads:
-        warm_up(step, warmup, record_time=record_time)
+        plain = warm_up(step, warmup, record_time=record_time)
         return record_step(step, strict=strict, record_source=record_source, record_time=record_time,
-                           warmup=warmup, threads=threads)
+                           warmup=warmup, threads=threads, plain=plain)
 
 
 #: who is told when a compiled audit moves from compiling to recording the eager step (the CLI's

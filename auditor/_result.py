@@ -17,6 +17,7 @@ from ._recording import _csv as csvfile
 from ._recording import _log as log
 from ._recording._files import atomic_write
 from ._recording._mode import RawLog
+from ._recording._profile import StepTime
 
 
 class Audit:
@@ -48,11 +49,11 @@ class Audit:
     """
 
     __slots__ = ("_events", "_tensors", "_hidden", "_complete", "_error", "_warmup", "_compiled", "_threads", "_kernels",
-                 "_analysis")
+                 "_analysis", "_step_time")
 
     def __init__(self, events: pd.DataFrame, tensors: pd.DataFrame, *, complete: bool = True, error: str = "",
                  hidden: pd.DataFrame | None = None, warmup: int | None = None, compiled: CompiledStep | None = None,
-                 threads: int | None = None, kernels: pd.DataFrame | None = None):
+                 threads: int | None = None, kernels: pd.DataFrame | None = None, step_time: StepTime | None = None):
         self._events = events
         self._tensors = tensors
         self._hidden = hidden if hidden is not None else log.hidden_frame()
@@ -62,6 +63,7 @@ class Audit:
         self._compiled = compiled
         self._threads = threads
         self._kernels = kernels
+        self._step_time = step_time  # how the recorder's own cost was kept out of the times
         self._analysis: Analysis | None = None
 
     events = property(lambda self: self._events, doc="One row per aten op call (schema: the docs, 'The event log').")
@@ -87,14 +89,14 @@ class Audit:
         """The audit of a finished recording's raw log."""
         events, tensors = log.build_frames(raw)
         return cls(events, tensors, complete=raw.complete, error=raw.error, hidden=log.build_hidden(raw),
-                   warmup=warmup, compiled=compiled)
+                   warmup=warmup, compiled=compiled, step_time=raw.step_time)
 
     def _with(self, *, warmup: int | None = None, compiled: CompiledStep | None = None,
               threads: int | None = None, kernels: pd.DataFrame | None = None) -> Audit:
         """This log as a new Audit that also knows its warm-up, thread count and compiled step:
         how a step's recording (:mod:`auditor._session`) is finished by the one who ran the step."""
         return Audit(self._events, self._tensors, complete=self._complete, error=self._error, hidden=self._hidden,
-                     warmup=warmup, compiled=compiled, threads=threads, kernels=kernels)
+                     warmup=warmup, compiled=compiled, threads=threads, kernels=kernels, step_time=self._step_time)
 
     # -- persistence -----------------------------------------------------------------------
     def to_csv(self, path_or_buf=None):
@@ -173,7 +175,7 @@ class Audit:
         depth = trunk_depth(self.ops()) if depth is None else depth
         text = audit_report(self.ops(), self.hotspots(), self.summary(depth), self.causes(), complete=self.complete,
                             error=self.error, top=top, depth=depth, verified=verification, threads=self.threads,
-                            kernels=self.kernels)
+                            kernels=self.kernels, step_time=self._step_time)
         if self.compiled is not None:
             text += "\n\n" + compiled_text(*compiled_report_tables(self.compiled, self.causes()), top=top)
         return text
@@ -185,7 +187,7 @@ class Audit:
         depth = trunk_depth(self.ops()) if depth is None else depth
         html = audit_html(self.ops(), self.hotspots(), self.summary(depth), self.causes(), complete=self.complete,
                           error=self.error, top=top, depth=depth, verified=verification, threads=self.threads,
-                          kernels=self.kernels)
+                          kernels=self.kernels, step_time=self._step_time)
         if self.compiled is not None:
             html += compiled_html(*compiled_report_tables(self.compiled, self.causes()), top=top)
         return html

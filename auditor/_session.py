@@ -7,11 +7,20 @@
 
 from __future__ import annotations
 
+import statistics
+import time
 import warnings
 
-from ._recording._mode import RecorderMode
+from ._recording._mode import RecorderMode, pause_collector, resume_collector
 from ._recording._modules import ForwardModuleTracker
-from ._recording._profile import ProfileSession, profiler_records_mode_calls, require_profiler
+from ._recording._profile import (
+    PlainStep,
+    ProfileSession,
+    count_records,
+    op_totals,
+    profiler_records_mode_calls,
+    require_profiler,
+)
 from ._recording._torch import (
     current_dispatch_mode_stack,
     load_what_steps_import,
@@ -56,6 +65,10 @@ class FormatAuditor:
         self._tracker: ForwardModuleTracker | None = None
         self._profile: ProfileSession | None = None
         self._hooks: list = []
+        #: the step timed without the recorder (set by :func:`record_step`): the times then
+        #: leave the recorder's own cost out
+        self._plain: PlainStep | None = None
+        self._collector = False  # whether Python's garbage collector ran before recording paused it
 
     @property
     def audit(self) -> Audit:
@@ -103,6 +116,7 @@ class FormatAuditor:
                     mode.mark = RecordFunctionFast
                 self._profile = ProfileSession(record_shapes=True)
                 self._profile.start()  # before the mode, so its own records are inside
+            self._collector = pause_collector()  # the log's growth would start collections
             mode.__enter__()
             self._state = "recording"
         except BaseException:
@@ -111,8 +125,11 @@ class FormatAuditor:
             try:
                 _leave(mode)
             finally:
-                self._teardown()
-                mode.release()
+                try:
+                    self._teardown()
+                    mode.release()
+                finally:
+                    resume_collector(self._collector)
             raise
         return self
 
@@ -132,11 +149,15 @@ class FormatAuditor:
                     types = dict(tracker.types) if tracker is not None else {}
                     self._teardown()
             raw = mode.finish(types, complete=exc_type is None,
-                              error="" if exc_type is None else f"{exc_type.__name__}: {exc}", profile=result)
+                              error="" if exc_type is None else f"{exc_type.__name__}: {exc}", profile=result,
+                              plain=self._plain)
             del result
             self._audit = Audit.from_raw(raw)
         finally:
-            mode.release()
+            try:
+                mode.release()
+            finally:
+                resume_collector(self._collector)
         if len(raw.compiled):
             warnings.warn(
                 f"auditor: {len(raw.compiled)} recorded ops ran inside torch.compile'd code (events with "
@@ -178,35 +199,80 @@ def _leave(mode: RecorderMode, exc_type=None, exc=None, tb=None) -> None:
             pop_mode()
 
 
-def warm_up(step: Step, steps: int, *, record_time: bool = False) -> None:
+#: plain steps (no recorder, no profiler) a timed audit times after its warm-up, around one
+#: step under the profiler alone: the step the user runs, against which the recorder's own cost
+#: is measured (their median), and what the profiler's records cost it
+PLAIN_STEPS = 2
+
+
+def warm_up(step: Step, steps: int, *, record_time: bool = False) -> PlainStep | None:
     """``steps`` warm-up runs of ``step`` (:meth:`Step.warm_up`); for a timed recording the last
     runs under torch's profiler with shapes recorded, as the recorded step will. The profiler's
     records take memory the plain step never touched, and where that memory is first mapped
     inside the recorded step its page faults land in the ops' times: the first audit of a
     process took 13,000-15,000 minor faults in its recorded step and read its ops 35% slower
     and its saving 40-60% higher than a second audit did (shufflenet_v2_x1_0, 8x3x128x128);
-    after a profiled warm-up, 4,000-5,000 and within 7% of the second audit."""
+    after a profiled warm-up, 4,000-5,000 and within 7% of the second audit.
+
+    A timed recording then times the step the user runs: :data:`PLAIN_STEPS` steps with nothing
+    watching them, and between them one under the profiler alone (process CPU time each), which
+    says what a profiler record costs (:class:`PlainStep`). None when untimed, without warm-up
+    (a first step is no step to compare with) or under the user's profiler."""
     if steps <= 0:
-        return
+        return None
     if not record_time:
         step.warm_up(steps)
-        return
+        return None
     step.warm_up(steps - 1)
+    if _profiled(step) is None:  # the user's profiler runs
+        return None
+    plain = [_plain_cpu_ns(step)]
+    profiled = _profiled(step)
+    plain.extend(_plain_cpu_ns(step) for _ in range(PLAIN_STEPS - 1))
+    if profiled is None:
+        return None
+    return PlainStep(cpu_ns=int(statistics.median(plain)), steps=len(plain), profiled_ns=profiled[0],
+                     profiled_records=profiled[1], op_totals=profiled[2])
+
+
+def _plain_cpu_ns(step: Step) -> int:
+    """One step with nothing watching it: its process CPU time."""
+    c0 = time.process_time_ns()
+    step.warm_up(1)
+    return time.process_time_ns() - c0
+
+
+def _profiled(step: Step) -> tuple[int, int, dict] | None:
+    """One step under torch's profiler alone, shapes recorded: (its process CPU time, the records
+    the profiler made, each op's calls and time: :func:`op_totals`), or None when the user's
+    profiler runs (the step then runs under it)."""
     session = ProfileSession(record_shapes=True)
-    session.start()  # nothing when the user's profiler runs: the step then runs under that one
+    session.start()
     try:
+        c0, w0 = time.process_time_ns(), time.perf_counter_ns()
         step.warm_up(1)
+        spent, wall = time.process_time_ns() - c0, time.perf_counter_ns() - w0
     finally:
-        session.stop()
+        result = session.stop()
+    if result is None:
+        return None
+    roots = result.experimental_event_tree()
+    # the profiler's clock is the wall's: on a busy machine its records also count the slices
+    # other processes ran, which the step's CPU time says how much of
+    on_cpu = min(1.0, spent / wall) if wall > 0 else 1.0
+    return spent, count_records(roots), {k: (n, round(t * on_cpu)) for k, (n, t) in op_totals(roots).items()}
 
 
 def record_step(step: Step, *, strict: bool = False, record_source: bool = False, record_time: bool = False,
-                warmup: int | None = None, compiled=None, threads: int | None = None) -> Audit:
+                warmup: int | None = None, compiled=None, threads: int | None = None,
+                plain: PlainStep | None = None) -> Audit:
     """``step`` run once under a :class:`FormatAuditor`; the Audit knows the ``warmup`` steps run
     before it, the intra-op ``threads`` its times were taken at (None: not fixed by the audit)
-    and, for a compiled audit, the ``compiled`` step (a ``CompiledStep``). Exceptions from the
+    and, for a compiled audit, the ``compiled`` step (a ``CompiledStep``). Given the ``plain``
+    step's time (:func:`warm_up`), the times leave the recorder's cost out. Exceptions from the
     model propagate."""
     fa = FormatAuditor(strict=strict, record_source=record_source, record_time=record_time)
+    fa._plain = plain
     with fa:
         step.run()
     return fa.audit._with(warmup=warmup, compiled=compiled, threads=threads)

@@ -49,15 +49,11 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # the planted models and the zoo are shared with the tests
-try:
-    import auditor
-except ImportError:  # run from a checkout without the editable install
-    sys.path.insert(0, str(ROOT))
-    import auditor
-
+sys.path.insert(0, str(ROOT))  # this checkout's package, whatever an editable install points at
 from planted import CAUSE_MODELS, make_cause  # noqa: E402
 from zoo_patches import ZOO, patched  # noqa: E402
 
+import auditor  # noqa: E402
 from auditor._measure._decide import median_interval, ratios  # noqa: E402
 from auditor._step import Step  # noqa: E402
 

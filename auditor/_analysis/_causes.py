@@ -32,7 +32,8 @@ WEIGHT, JOINS = "weight", "joins"
 
 CAUSE_COLUMNS = [
     "cause", "phase", "module", "module_type", "op", "kind", "pattern", "source", "calls", "hotspots",
-    "bytes", "time_us", "saving_us", "saving_trusted", "saving_note", "first_seq", "fix",
+    "bytes", "time_us", "hotspot_us", "replaced_us", "saving_us", "saving_trusted", "saving_note", "first_seq",
+    "fix",
 ]
 
 _CL = ("channels_last", "channels_last_3d")
@@ -511,7 +512,11 @@ def cause_table(tracer: CauseTracer | FlowView, facts: pd.DataFrame | None = Non
     Causes are grouped per line: (phase, op, source, kind) when source lines were recorded,
     (phase, module, op, kind) otherwise. ``hotspots`` counts the hotspot ops a cause leads to,
     itself included; ``bytes``, ``time_us`` (their kernel time) and ``saving_us`` (what a fix
-    is expected to save, :mod:`.timing`) sum theirs, and a rebuilt weight's own copy. Timed
+    is expected to save, :mod:`.timing`) sum theirs, and a rebuilt weight's own copy.
+    ``time_us`` is in two parts that add up to it: ``hotspot_us``, the cause's hotspot ops, and
+    ``replaced_us``, the other ops its fix replaces or removes (the ops its pattern replaces
+    with one pass that keeps the format, a weight's rebuilding copy), which is why a cause's
+    time, and what its fix saves, can exceed its hotspots'. Timed
     causes rank by ``saving_us``, untimed ones by ``bytes``. A hotspot the recording mode made
     itself (``events.artifact``: an out-of-place gradient sum) and that nothing upstream
     explains gets no cause: a plain run does not do it.
@@ -595,12 +600,14 @@ def _cause_rows(view, tracer: CauseTracer, keys, kinds, order, group_of_event, s
             "pattern": pattern, "source": view.source[first], "calls": len(members),
             "hotspots": len(symptoms), "bytes": int(nbytes[symptoms].sum()) + rebuilt_bytes,
             "time_us": _total(time, sorted({*symptoms.tolist(), *own, *rebuilt})),
+            "hotspot_us": _total(time, symptoms.tolist()),
+            "replaced_us": _total(time, sorted({*own, *rebuilt} - set(symptoms.tolist())), 0.0),
             "saving_us": total, "saving_trusted": trusted, "saving_note": note,
             "fix": _fix_text(view, tracer, first, pattern, members, symptoms.tolist()), "first_seq": first,
         })
     if not rows:
         numeric = {"cause": "int64", "calls": "int64", "hotspots": "int64", "bytes": "int64",
-                   "time_us": "float64", "saving_us": "float64", "saving_trusted": "bool", "first_seq": "int64"}
+                   "time_us": "float64", "hotspot_us": "float64", "replaced_us": "float64", "saving_us": "float64", "saving_trusted": "bool", "first_seq": "int64"}
         return pd.DataFrame({c: pd.Series(dtype=numeric.get(c, "object")) for c in CAUSE_COLUMNS})
     return pd.DataFrame(rows)
 

@@ -170,12 +170,12 @@ def source_html(source) -> str:
 def audit_html(ops: pd.DataFrame, hot: pd.DataFrame, summary: pd.DataFrame, causes: pd.DataFrame | None = None,
                *, complete: bool = True, error: str = "", top: int = 10, depth: int = 1,
                verified: pd.DataFrame | None = None, threads: int | None = None,
-               kernels: pd.DataFrame | None = None) -> str:
+               kernels: pd.DataFrame | None = None, step_time=None) -> str:
     """The report (:func:`~auditor._display._report.audit_report`) as HTML: the totals (times
     at ``threads``), the ``top`` causes (each leading with its measured saving, the estimate
     beside it, once ``verified``), the hotspot groups and the modules at ``depth`` as tables."""
     parts = [header_html(total_lines(ops, hot, causes, complete, error, threads=threads, verified=verified,
-                                     kernels=kernels, width=None))]
+                                     kernels=kernels, step_time=step_time, width=None))]
     if not len(hot):
         parts.append(_paragraph("No losses or conversions between convolutions: channels_last propagates."))
         return _block(parts)
@@ -189,7 +189,10 @@ def audit_html(ops: pd.DataFrame, hot: pd.DataFrame, summary: pd.DataFrame, caus
             causes = causes.assign(measured=[measured.get(int(c), "") for c in causes["cause"]])
             cols["measured"] = "saving, measured (verified)"
         if timed:
-            cols |= {"time_us": "time", "saving_us": "saving, estimated" if verified is not None else "saving"}
+            cols |= {"time_us": "time", **{c: n for c, n in (("hotspot_us", "of it hotspots"),
+                                                             ("replaced_us", "of it ops its fix replaces"))
+                                            if c in causes},
+                     "saving_us": "saving, estimated" if verified is not None else "saving"}
             if "saving_trusted" in causes:  # an estimate it cannot stand behind is left blank, and why is said
                 causes = causes.assign(saving_us=causes["saving_us"].where(causes["saving_trusted"].astype(bool)))
                 if (causes["saving_note"].astype(str) != "").any():

@@ -121,13 +121,15 @@ def plan_text(*, headline: str, candidates: pd.DataFrame, notes: list[str], deci
 
 def plan_html(*, headline: str, candidates: pd.DataFrame, notes: list[str], decisions: pd.DataFrame) -> str:
     """The plan in a notebook: its headline and notes, the candidates, and the decisions."""
-    # headings as the text's, not the frame's names ("predicted_us" over values in ms), ratios to 3 places
-    names = {"candidate": "candidate", "predicted_us": "predicted", "measured_us": "measured", "spread": "spread",
+    # headings as the text's, not the frame's names ("predicted_us" over values in ms), ratios to 3 places;
+    # the spread as the text shows it: half the interquartile range, over the median
+    names = {"candidate": "candidate", "predicted_us": "predicted", "measured_us": "measured", "spread": "±IQR/2",
              "vs": "ratio to", "ratio": "ratio", "ratio_low": "low", "ratio_high": "high", "repeats": "repeats",
              "within_noise": "within noise", "chosen": "chosen"}
     ratios = {c: _ratio for c in (*RATIO_COLUMNS, *(c for c in decisions.columns if "ratio" in str(c)))}
+    shown = candidates.assign(spread=candidates["spread"] / 2) if "spread" in candidates else candidates
     return (header_html([headline, *notes])
-            + table_html(candidates, columns={c: n for c, n in names.items() if c in candidates},
+            + table_html(shown, columns={c: n for c, n in names.items() if c in candidates},
                          formats={"spread": "±{:.0%}".format, **ratios},
                          caption="Candidates: the whole model, timed end to end")
             + table_html(decisions, caption="Decisions per group of same-signature convolutions", formats=ratios,

@@ -50,7 +50,7 @@ MODULE_COLUMNS = [
 def audit_report(ops: pd.DataFrame, hot: pd.DataFrame, summary: pd.DataFrame, causes: pd.DataFrame | None = None,
                  *, complete: bool = True, error: str = "", top: int = 10, depth: int = 1,
                  verified: pd.DataFrame | None = None, threads: int | None = None,
-                 kernels: pd.DataFrame | None = None) -> str:
+                 kernels: pd.DataFrame | None = None, step_time=None) -> str:
     """Totals, the ``top`` causes with the hotspots they lead to, and the modules at ``depth``
     that cost most.
 
@@ -60,9 +60,11 @@ def audit_report(ops: pd.DataFrame, hot: pd.DataFrame, summary: pd.DataFrame, ca
     listed on their own). ``verified``: ``Fixes.verify()``'s table, once the fixes were verified:
     each cause then leads with its measured saving, the estimate beside it. ``threads``: the
     intra-op threads the times were taken at (``Audit.threads``), said in the head. ``kernels``:
-    a fake audit's ``Audit.kernels``, said in the head (:func:`kernel_lines`).
+    a fake audit's ``Audit.kernels``, said in the head (:func:`kernel_lines`). ``step_time``: how
+    the recorder's own cost was kept out of the times (a ``StepTime``).
     """
-    lines = total_lines(ops, hot, causes, complete, error, threads=threads, verified=verified, kernels=kernels)
+    lines = total_lines(ops, hot, causes, complete, error, threads=threads, verified=verified, kernels=kernels,
+                        step_time=step_time)
     if len(hot):
         lines.append("")
         if causes is not None and len(causes):
@@ -95,7 +97,7 @@ def module_rows(summary: pd.DataFrame) -> tuple[pd.DataFrame, bool]:
 
 def total_lines(ops: pd.DataFrame, hot: pd.DataFrame, causes, complete: bool, error: str, *,
                 threads: int | None = None, verified: pd.DataFrame | None = None,
-                kernels: pd.DataFrame | None = None, width: int | None = 114) -> list[str]:
+                kernels: pd.DataFrame | None = None, step_time=None, width: int | None = 114) -> list[str]:
     """The report's head: ops per phase and kind, hotspot totals, times (at ``threads``; with
     ``verified``, the measured saving of all fixes first), and for a fake audit how its strides
     were known (``kernels``); the HTML shows it too, unwrapped (``width=None``): long lines wrap
@@ -119,7 +121,7 @@ def total_lines(ops: pd.DataFrame, hot: pd.DataFrame, causes, complete: bool, er
         f"(forward {format_bytes(by_phase.get('forward', 0))}, backward {format_bytes(by_phase.get('backward', 0))})"
     )
     if "time_us" in ops and ops["time_us"].notna().any():
-        lines.extend(_time_lines(ops, causes, threads, verified, width))
+        lines.extend(_time_lines(ops, causes, threads, verified, step_time, width))
     independent = ops[ops["layout_independent"]] if "layout_independent" in ops else ops.iloc[:0]
     if len(independent):
         lines.append(
@@ -182,7 +184,7 @@ def _uncertain_lines(independent: pd.DataFrame) -> list[str]:
 
 
 def _time_lines(ops: pd.DataFrame, causes, threads: int | None = None,
-                verified: pd.DataFrame | None = None, width: int | None = 114) -> list[str]:
+                verified: pd.DataFrame | None = None, step_time=None, width: int | None = 114) -> list[str]:
     """Where the step's time went: the ops, the hotspots among them, and the time between ops;
     the thread count they were taken at; what fixing every cause saves, measured first once
     ``verified``. Where the ops' times add up to more than the step, the reason, no numbers."""
@@ -209,11 +211,27 @@ def _time_lines(ops: pd.DataFrame, causes, threads: int | None = None,
              for paragraph in head.split("\n") for i, part in enumerate(wrap(paragraph, width))]
     if "gap_us" in ops and ops["gap_us"].notna().any():
         lines.append(f"  time outside ops (the step's Python, module calls, the autograd engine): "
-                     f"{format_us(ops['gap_us'].sum())}")
+                     f"{format_us(ops['gap_us'].sum())}" + ("" if step_time is not None else
+                                                              ", the recorder's own work included"))
+    if step_time is not None:
+        lines.extend(_recorder_lines(step_time, width))
     if "artifact" in ops and ops["artifact"].any():
         lines.append(f"  {int(ops['artifact'].sum())} gradient sums ran out of place only because a recorder "
                      "was active (marked in Audit.events['artifact']); they are never causes")
     return lines
+
+
+def _recorder_lines(step_time, width: int | None = 114) -> list[str]:
+    """The recorder's own cost, kept out of the ops and the time outside them, and how."""
+    paragraph = (
+        f"the recorder's own cost, not in the times above: {format_us(step_time.recorder_us)} (recorded step "
+        f"{format_us(step_time.recorded_us)}; the same step without the auditor {format_us(step_time.plain_us)}, "
+        f"median of {step_time.plain_steps}: ops and time outside ops are its parts; each op less "
+        f"{format_us(step_time.per_record_us)} per profiler record inside it)"
+        + (f"; the ops still come to {format_us(step_time.ops_us - step_time.plain_us)} more than the plain step: "
+           "the recorder slows the ops themselves too, by an amount that is not separated per op"
+           if step_time.ops_us > step_time.plain_us else ""))
+    return [f"  {part}" if i == 0 else f"    {part}" for i, part in enumerate(wrap(paragraph, width))]
 
 
 def _measured_total(verified: pd.DataFrame | None) -> str:
@@ -249,7 +267,7 @@ def _cause_lines(causes: pd.DataFrame, hot: pd.DataFrame, top: int, verified: pd
             for i, part in enumerate(wrap(f"measured: {saving_text(measured[c.cause])}", 110)):
                 lines.append(f"      {part}" if i == 0 else f"        {part}")
         label = "estimate: " if c.cause in measured else ""
-        cost = f", {format_us(c.time_us)}; {label}{estimate_text(c._asdict())}" if timed else ""
+        cost = f", {_cause_time(c)}; {label}{estimate_text(c._asdict())}" if timed else ""
         first, *rest = wrap(f"{c.hotspots} hotspot ops, {format_bytes(c.bytes)}{cost}", 116)
         lines.extend([f"      {first}", *(f"        {r}" for r in rest)])
         if c.source:
@@ -265,6 +283,17 @@ def _cause_lines(causes: pd.DataFrame, hot: pd.DataFrame, top: int, verified: pd
     if len(causes) > top:
         lines.append(f"  ... and {len(causes) - top} more causes (Audit.causes())")
     return lines
+
+
+def _cause_time(c) -> str:
+    """A cause's time in the parts that add up to it: its hotspots, and the ops its fix
+    replaces or removes beside them (what its estimate can exceed its hotspots by)."""
+    replaced = getattr(c, "replaced_us", 0.0)
+    # parts shown where the replaced ops are a part worth naming (1 µs and 1% of the time)
+    if not replaced == replaced or replaced < max(1.0, 0.01 * c.time_us) or getattr(c, "hotspot_us", None) is None:
+        return format_us(c.time_us)
+    return (f"{format_us(c.time_us)} (hotspots {format_us(c.hotspot_us)} + ops its fix replaces "
+            f"{format_us(replaced)})")
 
 
 #: What hotspot groups must share to be shown as one row (:func:`combine_blocks`), beside their

@@ -97,6 +97,19 @@ def decide(ratios: list[float], margin: float) -> Decision:
     return Decision(med, low, high, len(ratios), verdict)
 
 
+def agreeing(decision: Decision, alternative: list[float], default: list[float]) -> Decision:
+    """``decision`` (from the paired ratios of these samples), within noise where the two
+    candidates' own medians say the other direction: the ratio of the medians and the median of
+    the paired ratios estimate one thing, and where they disagree about which side of 1 it lies
+    on, no table that shows both can claim either."""
+    if not alternative or not default or not math.isfinite(decision.ratio):
+        return decision
+    of_medians = statistics.median(alternative) / statistics.median(default)
+    if (of_medians - 1) * (decision.ratio - 1) < 0 and decision.verdict != NOISE:
+        return Decision(decision.ratio, decision.low, decision.high, decision.repeats, NOISE)
+    return decision
+
+
 def ratios(alternative: list[float], default: list[float]) -> list[float]:
     """Per round, ``alternative / default`` (the rounds both have)."""
     return [a / d if d > 0 else float("inf") for a, d in zip(alternative, default)]

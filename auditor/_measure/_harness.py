@@ -57,6 +57,23 @@ def minor_faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt if resource is not None else 0
 
 
+@contextlib.contextmanager
+def intra_op_threads(threads: int | None) -> Iterator[None]:
+    """Run the block at ``threads`` intra-op threads (None: as it is), giving the caller's count
+    back afterwards, whatever is raised. One thread is how audits and ``Fixes.verify`` time: on a
+    busy machine a step at several threads spends its OpenMP regions waiting for descheduled
+    threads, and process CPU time is the work done only at one."""
+    if threads is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def default_clock(device: torch.device | str = "cpu") -> str:
     """``cpu`` (process CPU time) for a single-threaded CPU run, else ``wall``.
 

@@ -23,8 +23,8 @@ from .._display._plans import (
 from .._display.progress import bar as progress_bar
 from .._fix._convert import layout_name, to_channels_last, to_contiguous
 from .._fix._hooks import is_conv_module, remove_input_formats
-from .._measure._decide import decide, ratios
-from .._measure._harness import default_clock
+from .._measure._decide import Decision, agreeing, decide, ratios
+from .._measure._harness import default_clock, intra_op_threads
 from .._recording._formats import base_format
 from .._recording._torch import pytree
 from .._result import Audit
@@ -248,7 +248,8 @@ def _default_format(model: nn.Module, names: list[str]) -> str:
 
 def plan_layout(model: nn.Module, *inputs, kwargs: Mapping[str, object] | None = None, backward: bool | None = None,
                 loss_fn: Callable | None = None, repeats: int = 7, max_repeats: int = 35, recordings: int = 3,
-                margin: float = 0.02, clock: str | None = None, progress: bool | None = None) -> LayoutPlan:
+                margin: float = 0.02, clock: str | None = None, progress: bool | None = None,
+                threads: int | None = 1) -> LayoutPlan:
     """Measure, on this device, which format each convolution of ``model`` should run in.
 
     ``inputs`` (and keyword arguments ``kwargs``, a mapping) are what the model is called with,
@@ -265,23 +266,28 @@ def plan_layout(model: nn.Module, *inputs, kwargs: Mapping[str, object] | None =
     :class:`NoisyPlanWarning` is issued when the plan's overall choice is within noise.
     Convolutions with the same signature share one measurement and one decision. A mixed plan
     is chosen only when it measures ``margin`` faster than the better uniform format beyond the
-    noise. ``recordings`` timed audits per format time the ops between convolutions. ``clock``
-    is ``wall`` or ``cpu`` (default: :func:`default_clock`). ``progress``: a ``tqdm.auto`` bar on
+    noise. ``recordings`` timed audits per format time the ops between convolutions. Everything is
+    measured at ``threads`` intra-op threads (default 1, as audits and ``Fixes.verify`` measure;
+    None: the caller's count; the caller's count is given back afterwards). ``clock`` is ``wall``
+    or ``cpu`` (default: :func:`default_clock`, process CPU time at one thread). ``progress``: a ``tqdm.auto`` bar on
     stderr, ``True``/``False`` to force it on or off (default: ``auditor._display.progress``
     decides: its ``ENABLED``, else ``AUDITOR_PROGRESS``, else a bar only on a terminal).
     The model is not modified: all work happens on copies. Returns a :class:`LayoutPlan`; see
     the package docstring for the method.
     """
     _check_arguments(model, inputs, kwargs, repeats, max_repeats, recordings, margin, clock)
+    if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
+        raise ValueError(f"threads is a number of intra-op threads, at least 1, or None, got {threads!r}")
     step = Step(model, inputs, kwargs or {}, backward=bool(backward), loss_fn=loss_fn or default_loss)
     given = _given_format(inputs)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    clock = clock or default_clock(device)
-    bar = progress_bar(total=2 * recordings, desc="plan_layout: recording", flag=progress, unit="step")
-    try:
-        return _plan(step, repeats, max_repeats, recordings, margin, clock, given, device, bar)
-    finally:
-        bar.close()
+    with intra_op_threads(threads if device.type == "cpu" else None):
+        clock = clock or default_clock(device)
+        bar = progress_bar(total=2 * recordings, desc="plan_layout: recording", flag=progress, unit="step")
+        try:
+            return _plan(step, repeats, max_repeats, recordings, margin, clock, given, device, bar)
+        finally:
+            bar.close()
 
 
 def _plan(step: Step, repeats, max_repeats, recordings, margin, clock, given, device, bar) -> LayoutPlan:
@@ -433,13 +439,18 @@ def _choose(options: dict, rounds, timed_as: dict, unary, pair, *, clock: str, d
     def decisions():
         t = rounds.times(clock)
         out = {}
+
+        def weigh(a: str, b: str) -> Decision:  # the paired ratios, and the medians agreeing with them
+            x, y = t[timed_as[a]], t[timed_as[b]]
+            return agreeing(decide(ratios(x, y), margin), x, y)
+
         if timed_as[alt_name] != timed_as[default_name]:
-            out[alt_name] = (default_name, decide(ratios(t[timed_as[alt_name]], t[timed_as[default_name]]), margin))
+            out[alt_name] = (default_name, weigh(alt_name, default_name))
         uniform = alt_name if alt_name in out and out[alt_name][1].takes_alternative else default_name
         if not is_uniform:
-            out["planned"] = (uniform, decide(ratios(t[timed_as["planned"]], t[timed_as[uniform]]), margin))
+            out["planned"] = (uniform, weigh("planned", uniform))
         for name in regions:  # a region the fixes would keep contiguous, against the better uniform format
-            out[name] = (uniform, decide(ratios(t[timed_as[name]], t[timed_as[uniform]]), margin))
+            out[name] = (uniform, weigh(name, uniform))
         return uniform, out
 
     while True:
@@ -505,18 +516,7 @@ def _reasons(model, names, calls, conv_cost, ops_us, unary, pair, labels, format
         if len(g.members) > 1:
             what += f" ({len(g.members)} convolutions, one signature)"
         prefer = alt if d.takes_alternative else default
-        # how much faster the preferred format is: the median paired ratio, as in the table
-        cl_ratio = g.shown[0]
-        ratio = cl_ratio if prefer == "contiguous" else (1 / cl_ratio if cl_ratio > 0 else float("inf"))
-        if d.takes_alternative:
-            why = f"{prefer} {ratio:.2f}x faster {what}"
-        elif d.within_noise:
-            why = (f"{prefer}: within noise ({alt}/{default} {d.ratio:.3f} in [{d.low:.3f}, {d.high:.3f}] "
-                   f"after {d.repeats} rounds, margin {margin:.0%}) {what}")
-        elif ratio >= 1:
-            why = f"{prefer} {ratio:.2f}x faster {what}"
-        else:
-            why = f"{prefer}: {alt} less than {margin:.0%} faster {what}"
+        why = _conv_reason(prefer, alt, default, d, g.shown, margin, what)
         if cut[n] == prefer:
             reason = why
         else:
@@ -537,6 +537,30 @@ def _reasons(model, names, calls, conv_cost, ops_us, unary, pair, labels, format
             "format": formats[n], "region": region_of[n], "reason": reason,
         })
     return pd.DataFrame(rows, columns=CONV_COLUMNS)
+
+
+def _conv_reason(prefer: str, alt: str, default: str, d: Decision, shown: tuple[float, float, float],
+                 margin: float, what: str) -> str:
+    """Why a group runs in ``prefer``, in the numbers its row shows (``shown``: channels_last /
+    contiguous, median of the paired rounds and its interval). A speed-up is claimed only where
+    that whole interval says so, and then with the interval; an interval across 1 is said as
+    such."""
+    cl, low, high = shown
+    if prefer == "contiguous":
+        ratio, lo, hi = cl, low, high
+    else:  # contiguous / channels_last: the inverse, its interval turned round
+        ratio, lo, hi = (1 / x if x > 0 else float("inf") for x in (cl, high, low))
+    if d.within_noise:
+        return (f"{prefer}: within noise ({alt}/{default} {d.ratio:.3f} in [{d.low:.3f}, {d.high:.3f}] "
+                f"after {d.repeats} rounds, margin {margin:.0%}) {what}")
+    if lo > 1:  # the whole interval says prefer is faster
+        return f"{prefer} {ratio:.3f}x faster [{lo:.3f}, {hi:.3f}] {what}"
+    if d.takes_alternative:  # clear against the margin, on totals the row's ratio does not show
+        return f"{prefer}: {alt}/{default} {d.ratio:.3f} in [{d.low:.3f}, {d.high:.3f}], past the {margin:.0%} margin {what}"
+    if hi >= 1:  # the row's interval straddles 1: no speed-up either way is shown
+        return (f"{prefer}: {alt} not {margin:.0%} faster ({alt}/{default} {d.ratio:.3f} in "
+                f"[{d.low:.3f}, {d.high:.3f}]; cl/contig in [{low:.3f}, {high:.3f}]) {what}")
+    return f"{prefer}: {alt} less than {margin:.0%} faster {what}"
 
 
 def _conversions_frame(edges, structure, times, formats) -> pd.DataFrame:

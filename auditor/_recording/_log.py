@@ -69,6 +69,25 @@ FIXED_CATEGORIES: dict[str, tuple[str, ...]] = {
 }
 
 
+#: the categorical dtypes of the columns with a fixed vocabulary, made once
+_FIXED_DTYPES = {name: pd.CategoricalDtype(list(cats)) for name, cats in FIXED_CATEGORIES.items()}
+
+
+def _dtype(name: str, unique_values) -> pd.CategoricalDtype:
+    """The column's categorical dtype: its fixed vocabulary, or its sorted values."""
+    fixed = _FIXED_DTYPES.get(name)
+    return fixed if fixed is not None else pd.CategoricalDtype(sorted(set(unique_values)))
+
+
+def _with_codes(codes: np.ndarray, dtype: pd.CategoricalDtype) -> pd.Categorical:
+    """A categorical from codes this module computed (always valid: -1 or an index into the
+    categories), without pandas checking them again where it can skip that (pandas >= 2.1)."""
+    try:
+        return pd.Categorical.from_codes(codes, dtype=dtype, validate=False)
+    except TypeError:  # an older pandas: no ``validate``
+        return pd.Categorical.from_codes(codes, dtype=dtype)
+
+
 def categorical(values, name: str) -> pd.Categorical:
     """A column of the schema as a categorical: its fixed vocabulary, or its sorted values."""
     cats = FIXED_CATEGORIES.get(name)
@@ -79,12 +98,10 @@ def categorical(values, name: str) -> pd.Categorical:
 
 def _from_codes(unique_values: list, codes: np.ndarray, name: str) -> pd.Categorical:
     """A categorical from per-row codes into ``unique_values``, with the schema's categories."""
-    cats = FIXED_CATEGORIES.get(name)
-    if cats is None:
-        cats = sorted(set(unique_values))
-    where = {c: i for i, c in enumerate(cats)}
+    dtype = _dtype(name, unique_values)
+    where = {c: i for i, c in enumerate(dtype.categories)}
     remap = np.array([where[v] for v in unique_values] + [-1], dtype=np.int32)
-    return pd.Categorical.from_codes(remap[codes] if len(codes) else codes, categories=list(cats))
+    return _with_codes(remap[codes] if len(codes) else np.asarray(codes, dtype=np.int32), dtype)
 
 
 def _factorize(values) -> tuple[list, np.ndarray]:
@@ -123,7 +140,7 @@ def build_frames(raw: RawLog) -> tuple[pd.DataFrame, pd.DataFrame]:
     tensors = pd.DataFrame(
         {
             "seq": rows.seq,
-            "role": pd.Categorical.from_codes(rows.role, categories=list(ROLES)),
+            "role": _with_codes(rows.role, _FIXED_DTYPES["role"]),
             "position": rows.position,
             "item": rows.item,
             "arg": _from_codes(args, arg_code, "arg"),
@@ -144,7 +161,7 @@ def build_frames(raw: RawLog) -> tuple[pd.DataFrame, pd.DataFrame]:
         {
             "seq": np.arange(n, dtype=np.int32),
             "op": _from_codes([str(f) for f in ops], op_code, "op"),
-            "phase": pd.Categorical.from_codes(np.asarray(phases, dtype=np.int8), categories=list(PHASES)),
+            "phase": _with_codes(np.asarray(phases, dtype=np.int8), _FIXED_DTYPES["phase"]),
             "module": _from_codes([mod_map[mo][0] for mo in module_raw], module_code, "module"),
             "module_type": _from_codes([mod_map[mo][1] for mo in module_raw], module_code, "module_type"),
             "source": _from_codes(sources, source_code, "source"),
@@ -281,7 +298,9 @@ def _engine_sums(ops: list, op_code: np.ndarray, phases, origins, rows: _TensorR
     first_in = {}
     for r in np.flatnonzero(~is_out & (rows.position == 0) & np.isin(rows.seq, candidates)):
         first_in.setdefault(int(rows.seq[r]), int(rows.tid[r]))
-    out_seq, out_tid = rows.seq[is_out].tolist(), rows.tid[is_out].tolist()
+    # only the writes of the tensors the candidates add into matter
+    wanted = is_out & np.isin(rows.tid, np.fromiter(first_in.values(), dtype=np.int64, count=len(first_in)))
+    out_seq, out_tid = rows.seq[wanted].tolist(), rows.tid[wanted].tolist()
     k = 0
     for e in candidates.tolist():
         while k < len(out_seq) and out_seq[k] < e:
@@ -298,10 +317,15 @@ def build_hidden(raw: RawLog) -> pd.DataFrame:
     return hidden_frame(pd.DataFrame(raw.hidden, columns=list(HIDDEN_COLUMNS)) if raw.hidden else None)
 
 
+_EMPTY_HIDDEN: list[pd.DataFrame] = []  # the empty table, made once: each audit gets a copy
+
+
 def hidden_frame(frame: pd.DataFrame | None = None) -> pd.DataFrame:
     """``frame`` with the dtypes of :data:`HIDDEN_COLUMNS`; none: an empty table of them."""
     if frame is None:
-        frame = pd.DataFrame({c: [] for c in HIDDEN_COLUMNS})
+        if not _EMPTY_HIDDEN:
+            _EMPTY_HIDDEN.append(hidden_frame(pd.DataFrame({c: [] for c in HIDDEN_COLUMNS})))
+        return _EMPTY_HIDDEN[0].copy()
     out = {}
     for col, dtype in HIDDEN_COLUMNS.items():
         values = frame[col]

@@ -15,6 +15,7 @@ one number (-1 for a ragged one) and no strides, and the log marks its layout no
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import threading
@@ -30,7 +31,7 @@ from . import _rules as rules
 from ._facts import FactsReplay
 from ._formats import format_label, has_strides, nbytes
 from ._modules import GLOBAL_LABEL, ForwardModuleTracker, module_names
-from ._profile import join
+from ._profile import PlainStep, StepTime, join, take_out_recorder
 from ._torch import (
     MODE_RECORD,
     OP_CALL_FORWARDS,
@@ -266,6 +267,8 @@ class RecorderMode(TorchDispatchMode):
         #: per event, the process CPU time around its call (timed recordings): the profiler's time
         #: less the time the process was off the CPU, when another process took it
         self.cpu_ns: list[int] = []
+        #: process CPU time (ns) at the first op's call and after the last op's (timed recordings)
+        self.cpu_first = self.cpu_last = 0
         self.compiled: list[int] = []  # seqs of ops run while a torch.compile'd function ran
         tracker.mode = self  # how the tracker tells this recording's engine threads from others
 
@@ -334,7 +337,10 @@ class RecorderMode(TorchDispatchMode):
                         with self.mark(MODE_RECORD):
                             out = call(*args, **kwargs) if kwargs else call(*args)
                     duration = _perf_counter_ns() - start
-                    self.cpu_ns.append(_process_time_ns() - cpu)
+                    self.cpu_last = end = _process_time_ns()
+                    self.cpu_ns.append(end - cpu)
+                    if not seq:
+                        self.cpu_first = cpu
                 else:
                     out = call(*args, **kwargs) if kwargs else call(*args)
                     duration = -1
@@ -577,11 +583,13 @@ class RecorderMode(TorchDispatchMode):
             )
 
     def finish(self, module_types: dict[str, str], *, complete: bool = True, error: str = "",
-               profile=None) -> RawLog:
+               profile=None, plain: PlainStep | None = None) -> RawLog:
         """What this recording leaves behind, once the mode is off the stack: its buffers (the
         RawLog shares them until :meth:`release`), the module types the tracker saw, whether
         the recorded code finished, and, given ``profile`` (the raw result of the profiler
-        that ran beside the mode), each op's kernel time and the copies inside it."""
+        that ran beside the mode), each op's kernel time and the copies inside it; given
+        ``plain`` too (the step timed without the recorder), those times less the recorder's
+        own cost (:func:`~auditor._recording._profile.take_out_recorder`)."""
         rank, world_size = process_group()
         raw = RawLog(rank=rank, world_size=world_size, events=self.events, tensors=self.tensors,
                      layouts=list(self.layouts), module_types=module_types, complete=complete, error=error,
@@ -589,8 +597,12 @@ class RecorderMode(TorchDispatchMode):
         if profile is not None:
             timing = join([e[0] for e in self.events], self.failed, profile)
             time_ns = on_cpu(timing.time_ns, self.cpu_ns)
-            raw.time_ns, raw.start_ns, raw.gap_ns, raw.hidden = (
-                time_ns, timing.start_ns, timing.gap_ns, hidden_on_cpu(timing.hidden, timing.time_ns, time_ns))
+            hidden, gap_ns = hidden_on_cpu(timing.hidden, timing.time_ns, time_ns), timing.gap_ns
+            if plain is not None and self.cpu_last > self.cpu_first and complete:
+                ops_ns, gap_ns, raw.step_time = take_out_recorder(
+                    time_ns, gap_ns, timing.records, plain, self.cpu_last - self.cpu_first, timing.names)
+                hidden, time_ns = hidden_on_cpu(hidden, time_ns, ops_ns), ops_ns
+            raw.time_ns, raw.start_ns, raw.gap_ns, raw.hidden = time_ns, timing.start_ns, gap_ns, hidden
         return raw
 
     def compiled_events(self) -> list[int]:
@@ -669,6 +681,7 @@ class RawLog:
     start_ns: list[int] = field(default_factory=list)  # per event, its start from the first (-1: none)
     gap_ns: list[int] = field(default_factory=list)  # per event, the time outside ops before it (-1: none)
     hidden: list[tuple] = field(default_factory=list)  # profile.HIDDEN_COLUMNS rows
+    step_time: StepTime | None = None  # how the recorder's cost was kept out of the times (audit())
 
 
 def on_cpu(time_ns: list[int], cpu_ns: list[int]) -> list[int]:
@@ -695,6 +708,26 @@ def hidden_on_cpu(hidden: list[tuple], wall_ns: list[int], time_ns: list[int]) -
             row = [*row[:9], row[9] * cpu / wall, *row[10:]]
         out.append(row)
     return out
+
+
+def pause_collector() -> bool:
+    """Pause Python's cyclic garbage collector for a recording; returns whether it was running.
+
+    The log keeps a few tracked objects per op (the event tuple, the weak references), and each
+    700 more start a collection, every tenth of them a larger one and in time a full one, which
+    walks every object of the process (a model, torch, pandas: 300,000 and more): in one
+    resnet50 step those collections cost about as much as the recorder's own work. Cycles the
+    recorded code leaves are collected once recording ends, when :func:`resume_collector`
+    turns it back on."""
+    running = gc.isenabled()
+    gc.disable()
+    return running
+
+
+def resume_collector(running: bool) -> None:
+    """Undo :func:`pause_collector`: the collector runs again if it ran before."""
+    if running:
+        gc.enable()
 
 
 def process_group() -> tuple[int, int]:

@@ -215,6 +215,123 @@ class Timing:
     start_ns: list[int] = field(default_factory=list)
     gap_ns: list[int] = field(default_factory=list)
     hidden: list[tuple] = field(default_factory=list)
+    #: per recorded op, the profiler records inside it (its inner record and all below): what the
+    #: profiler's own per-record cost adds to its time (0 where unmatched)
+    records: list[int] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)  # per recorded op, its profiler name
+
+
+@dataclass(frozen=True)
+class PlainStep:
+    """The step the user runs, timed by the audit without the recorder: process CPU time at the
+    audit's thread count. ``cpu_ns``: the median of ``steps`` plain steps (no mode, no
+    profiler); ``profiled_ns`` and ``profiled_records``: the step under the profiler alone (the
+    last warm-up step) and the records the profiler made in it, which give the profiler's own
+    cost per record."""
+
+    cpu_ns: int
+    steps: int
+    profiled_ns: int = 0
+    profiled_records: int = 0
+    #: per op name ("aten::convolution"), its calls in the profiled step and their summed time (ns):
+    #: the outermost records of each name, where no Python mode slows them (:func:`op_totals`)
+    op_totals: dict = field(default_factory=dict)
+
+    @property
+    def per_record_ns(self) -> float:
+        """What one profiler record costs the step (0 where not measured)."""
+        if self.profiled_records <= 0 or self.profiled_ns <= 0:
+            return 0.0
+        return max(0.0, (self.profiled_ns - self.cpu_ns) / self.profiled_records)
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """How the recorded step's times were made the plain step's (µs): ``recorded_us`` the
+    process CPU time from the recorded step's first op to its last, ``plain_us`` the plain
+    step's (median of ``plain_steps``), ``ops_us`` and ``outside_us`` what the audit shows
+    (they add up to ``plain_us`` unless the ops alone exceed it), ``recorder_us`` the rest
+    (the recorder's own cost: the mode's Python and the profiler's records), ``per_record_us``
+    the profiler's measured cost per record, taken out of each op."""
+
+    plain_us: float
+    recorded_us: float
+    ops_us: float
+    outside_us: float
+    recorder_us: float
+    per_record_us: float
+    plain_steps: int
+
+
+def op_totals(roots) -> dict[str, tuple[int, int]]:
+    """Per op name, (calls, summed duration in ns) of its profiler records that no record of the
+    same name encloses, over the trees under ``roots``: ``aten::convolution`` inside
+    ``aten::conv2d`` counts, a ``clone`` inside a ``clone`` does not. Where a name also runs
+    inside another recorded op (a ``copy_`` inside a ``clone``), its calls outnumber the
+    recorded ones and :func:`_mode_factors` leaves it alone."""
+    out: dict[str, list[int]] = {}
+    stack = [(e, frozenset()) for e in roots]
+    while stack:
+        e, above = stack.pop()
+        name = e.name
+        if name.startswith("aten::") and name not in above:
+            entry = out.setdefault(name, [0, 0])
+            entry[0] += 1
+            entry[1] += e.duration_time_ns
+            above = above | {name}
+        stack.extend((c, above) for c in e.children)
+    return {k: (v[0], v[1]) for k, v in out.items()}
+
+
+def _mode_factors(time_ns: list[int], names: list[str], plain: PlainStep) -> list[float]:
+    """Per recorded op, what its op's calls took in the profiled plain step over what they took
+    recorded (both under the profiler, so its records cost both alike): the share of the op's time
+    that is its own, the rest being what running under the mode added (colder caches between
+    ops, the call's way through the dispatcher). 1 where the calls of that name do not pair up."""
+    recorded: dict[str, list[int]] = {}
+    for t, name in zip(time_ns, names, strict=True):
+        if t >= 0:
+            entry = recorded.setdefault(name, [0, 0])
+            entry[0] += 1
+            entry[1] += t
+    factor = {}
+    for name, (calls, total) in recorded.items():
+        seen = plain.op_totals.get(name)
+        if seen is not None and seen[0] == calls and total > 0:
+            factor[name] = min(1.0, seen[1] / total)  # the mode never makes an op faster
+    return [factor.get(name, 1.0) for name in names]
+
+
+#: the share of an op's time the profiler's per-record cost may not take: that cost is measured
+#: on one profiled step against two plain ones, and on a step of a few small ops its noise would
+#: otherwise take whole ops
+KEPT_AT_LEAST = 0.25
+
+
+def take_out_recorder(time_ns: list[int], gap_ns: list[int], records: list[int], plain: PlainStep,
+                      recorded_ns: int, names: list[str] | None = None) -> tuple[list[int], list[int], StepTime]:
+    """The recorded ops' times and gaps as the plain step's (``-1``, untimed, stays).
+
+    Each op (``names``: as the profiler names them) first takes the share that its op's calls
+    took in the step profiled without the mode (:func:`_mode_factors`), then loses the profiler's cost of the records made inside it (``records`` x the cost per
+    record measured on the profiled warm-up step against the plain ones); the time outside ops
+    is what the plain step spent beyond those ops, shared among the gaps as the recorded step
+    spread them (the recorder's Python falls in every gap alike, per op). What the recorded
+    step took beyond the plain one is the recorder's cost, kept apart (:class:`StepTime`)."""
+    per = plain.per_record_ns
+    factors = _mode_factors(time_ns, names, plain) if names is not None and plain.op_totals else [1.0] * len(time_ns)
+    ops = [t if t < 0 else round(max(t * f - per * r, t * f * KEPT_AT_LEAST))
+           for t, r, f in zip(time_ns, records, factors, strict=True)]
+    ops_ns = sum(t for t in ops if t > 0)
+    gaps_ns = sum(g for g in gap_ns if g > 0)
+    outside = max(0, plain.cpu_ns - ops_ns) if gaps_ns else 0
+    scale = outside / gaps_ns if gaps_ns else 0.0
+    gaps = [g if g < 0 else round(g * scale) for g in gap_ns]
+    return ops, gaps, StepTime(
+        plain_us=plain.cpu_ns / 1e3, recorded_us=recorded_ns / 1e3, ops_us=ops_ns / 1e3,
+        outside_us=sum(g for g in gaps if g > 0) / 1e3,
+        recorder_us=max(0, recorded_ns - ops_ns - outside) / 1e3, per_record_us=per / 1e3,
+        plain_steps=plain.steps)
 
 
 def join(funcs: list, failed: list[tuple[int, str]], result) -> Timing:
@@ -228,7 +345,7 @@ def join(funcs: list, failed: list[tuple[int, str]], result) -> Timing:
         expected.insert(pos, name)
         kept.insert(pos, -1)
     matched = [k for k, i in zip(_match(expected, calls), kept, strict=True) if i >= 0]
-    timing = Timing()
+    timing = Timing(names=names)
     origin = min((inner.start_time_ns for _, inner, _ in calls if inner is not None), default=0)
     args: dict[int, tuple[str, ...]] = {}
     last_end = None  # the end of the previous op's outer record: what lies between is not an op's
@@ -237,8 +354,10 @@ def join(funcs: list, failed: list[tuple[int, str]], result) -> Timing:
             timing.time_ns.append(-1)
             timing.start_ns.append(-1)
             timing.gap_ns.append(-1)
+            timing.records.append(0)
             continue
         _, inner, outer = calls[k]
+        timing.records.append(count_records([inner]))
         outer = outer if outer is not None else inner
         timing.time_ns.append(inner.duration_time_ns)
         timing.start_ns.append(inner.start_time_ns - origin)
@@ -251,6 +370,16 @@ def join(funcs: list, failed: list[tuple[int, str]], result) -> Timing:
             timing.hidden.extend(_hidden_copies(seq, inner, names_of, origin))
             timing.hidden.extend(device_conversions(seq, inner, origin))
     return timing
+
+
+def count_records(roots) -> int:
+    """The profiler records in the trees under ``roots``, the roots included."""
+    n, stack = 0, list(roots)
+    while stack:
+        e = stack.pop()
+        n += 1
+        stack.extend(e.children)
+    return n
 
 
 def _profiler_name(func) -> str:
