@@ -103,8 +103,10 @@ class CauseTracer:
         """The odd inputs of a join of mixed formats: where ``e`` joins (``cat``, ``stack``)
         tensors of the images' rank whose recorded formats disagree, some channels_last and
         some in a definite other format, and writes the other format, the rows of those others;
-        [] where it is no such join. Empty tensors are left out: they hold nothing to move."""
-        if self.is_conv[e] or self.copy[e]:
+        [] where it is no such join. Empty tensors are left out: they hold nothing to move. Only
+        a forward join is the user's: a backward one is autograd's (a split's gradient), and the
+        op that wrote its odd gradient stays the cause."""
+        if self.is_conv[e] or self.copy[e] or self.phase[e] != "forward":
             return []
         rows = [r for r in self.graph.act_rows.get(e, []) if self.arg[r] in _JOINED and self.ndim[r] in (4, 5)
                 and self.size[r] > 0]
