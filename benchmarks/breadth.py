@@ -911,6 +911,14 @@ def read_rows(path: Path) -> list[dict]:
 
 def append_rows(path: Path, rows: list[dict]) -> None:
     new = not path.exists() or path.stat().st_size == 0
+    if not new:
+        with path.open(newline="") as fh:
+            header = next(csv.reader(fh), [])
+        if header != COLUMNS:  # a table written before a column was added: its rows under today's header
+            kept = read_rows(path)
+            new = True
+            path.write_text("")
+            rows = [*kept, *rows]
     with path.open("a", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=COLUMNS, extrasaction="ignore")
         if new:

@@ -89,3 +89,17 @@ def test_a_map_made_1x1_by_a_small_input_or_an_empty_tensor_is_found_and_a_globa
     assert re.fullmatch(empty, breadth.small_maps(audit(Strided(), 8)))
     # the stride leaves 1x1 of 2x2, and the next 3x3 window reads that one pixel
     assert re.fullmatch("2 convolution or pool calls make a 1x1 map; " + empty, breadth.small_maps(audit(Strided(), 2)))
+
+
+def test_rows_appended_to_a_table_written_before_a_column_was_added_are_read_back_whole(tmp_path):
+    """--resume on a committed table older than a column: the table is written again under
+    today's header, so the new rows' last columns are not read back as extra fields of no name."""
+    breadth = _breadth()
+    path = tmp_path / "breadth.csv"
+    old = [c for c in breadth.COLUMNS if c != "small_maps"]
+    path.write_text(",".join(old) + "\n" + ",".join("old" if c == "model" else "" for c in old) + "\n")
+    breadth.append_rows(path, [{"model": "new", "row": "model", "small_maps": "conv 1x1"}])
+    assert path.read_text().splitlines()[0] == ",".join(breadth.COLUMNS)
+    rows = breadth.read_rows(path)
+    assert [r["model"] for r in rows] == ["old", "new"] and rows[1]["small_maps"] == "conv 1x1"
+    assert all(None not in r for r in rows)
