@@ -15,7 +15,8 @@ image (an activation or gradient with as many elements as a convolution's input 
 one physical order and store it in another, whatever rank or sizes the stored buffer is declared
 with, and the kernels that move only statistics or other non-image tensors (listed under
 ``not``, to say they were looked at). ``--show`` prints every C++ kernel call of each graph with
-its buffers' sizes, strides and formats, const (read) or written, which is how the truth was read:
+its buffers' sizes, strides and formats (following ``reinterpret_tensor`` aliases and reuses), const
+(read) or written, which is how the truth was read:
 a kernel whose store covers an image in an order of strides its load does not is a conversion.
 Kernel names are Inductor's, so a truth holds for one torch release (the key says which).
 """
@@ -26,6 +27,7 @@ import argparse
 import ast
 import json
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -45,13 +47,25 @@ def parse(argv) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+_VIEW = re.compile(r"^\s*(\w+) = reinterpret_tensor\(\w+, (\([^()]*\)), (\([^()]*\)), [^)]*\)")
+_REUSE = re.compile(r"^\s*(\w+) = (\w+); del \w+\s+# reuse")
+
+
 def show(path: str) -> None:
     """Every C++ kernel call of one output file, with each pointer argument's layout."""
     from auditor import format_label
-    from tests.test_compiled import _BINDING, _CALL, _layouts
+    from tests.test_compiled import _BINDING, _CALL, _ints, _layouts
 
     code = open(path).read()
     layouts = _layouts(code)
+    # a buffer made as a view of another (reinterpret_tensor ... # alias, or # reuse), and a plain
+    # reuse of one, in the order the code makes them, so that chains of reuses resolve
+    for line in code.splitlines():
+        view, plain = _VIEW.match(line), _REUSE.match(line)
+        if view:
+            layouts[view[1]] = (_ints(view[2]), _ints(view[3]))
+        elif plain and plain[2] in layouts:
+            layouts[plain[1]] = layouts[plain[2]]
     kinds = {k: [(t, p.split()[-1]) for t, p in zip(ast.literal_eval(v), params.split(","))]
              for k, v, params in _BINDING.findall(code)}
     for kernel, args in _CALL.findall(code):

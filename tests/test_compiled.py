@@ -257,7 +257,13 @@ def test_contiguous_between_convs_is_removed_by_the_compiler(copy_audit):
     assert forward["layout_opt_tipped"] and forward["layout_opt_change"]
     if torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled:
         assert forward["layout_opt_rule"] == "device rule" and forward["layout_opt"]
-    assert backward["layout_opt_rule"] == "no convolution" and "convolution_backward" in backward["layout_opt_reason"]
+    from auditor._recording import _torch as T
+
+    if T.layout_opt_counts_conv_backward():  # torch 2.15: the backward graph's convolution_backward count
+        assert backward["layout_opt_rule"] == forward["layout_opt_rule"], backward
+        assert "convolution_backward among them" in backward["layout_opt_numbers"]
+    else:
+        assert backward["layout_opt_rule"] == "no convolution" and "convolution_backward" in backward["layout_opt_reason"]
     text = copy_audit.report()
     assert "decided by" in text and "tipped by:" in text and "Times beside each cause" in text
     compared = auditor.compare_compiled(copy_audit, copy_audit)
@@ -652,6 +658,38 @@ def test_the_config_and_device_rules_are_explained_both_ways():
         assert not off and why["layout_opt_rule"] == "config off"
     off, why = _decide(_fx(lambda x: x.relu(), (2, 3, 8, 8)))
     assert not off and why["layout_opt_rule"] == "no convolution"
+
+
+def _conv_backward(groups: int = 1):
+    """A backward graph's convolution: only aten.convolution_backward, as autograd writes it."""
+    def fn(g, x, w):
+        return torch.ops.aten.convolution_backward(g, x, w, None, [1, 1], [0, 0], [1, 1], False, [0, 0], groups,
+                                                   [True, True, False])[:2]
+    return fn
+
+
+@needs_inductor
+def test_a_backward_graph_is_explained_as_the_running_torch_counts_it():
+    """torch 2.15's decide_layout_opt counts convolution_backward (input and weight at arguments 1
+    and 2, groups at 9), 2.14's does not: the replay follows the running torch either way, and a
+    grouped convolution_backward tips the grouped rule where it is counted."""
+    from auditor._recording import _torch as T
+
+    grouped = _fx(_conv_backward(2), (2, 128, 6, 6), (2, 128, 8, 8), (128, 64, 3, 3))
+    plain = _fx(_conv_backward(), (2, 128, 6, 6), *WIDE)
+    with torch.backends.mkldnn.flags(enabled=False):
+        off, why = _decide(grouped)
+        on, why_not = _decide(plain)
+    assert "unexplained" not in why["layout_opt_rule"] + why_not["layout_opt_rule"], (why, why_not)
+    if T.layout_opt_counts_conv_backward():
+        assert (off, on) == (False, True)
+        assert why["layout_opt_rule"] == "grouped" and why["layout_opt_tipped"]
+        assert "convolution_backward among them 1" in why["layout_opt_numbers"]
+        assert why_not["layout_opt_rule"] == "training rules passed"
+    else:
+        assert (off, on) == (False, False)
+        for w in (why, why_not):
+            assert w["layout_opt_rule"] == "no convolution" and "convolution_backward" in w["layout_opt_reason"]
 
 
 @needs_inductor

@@ -120,9 +120,20 @@ def _conv_name(node) -> str:
     return module or source or node.name
 
 
+def _is_conv_backward(node) -> bool:
+    return node.target is torch.ops.aten.convolution_backward.default
+
+
 def _weight(node):
-    val = node.args[1].meta.get("val") if len(node.args) > 1 and hasattr(node.args[1], "meta") else None
+    """The weight's fake value of a convolution node: argument 1, or 2 for convolution_backward
+    (which reads the output gradient first)."""
+    at = 2 if _is_conv_backward(node) else 1
+    val = node.args[at].meta.get("val") if len(node.args) > at and hasattr(node.args[at], "meta") else None
     return val if isinstance(val, torch.Tensor) else None
+
+
+def _groups(node):
+    return node.args[9] if _is_conv_backward(node) and len(node.args) > 9 else node.args[-1]
 
 
 def explain_layout_opt(gm, *, is_inference: bool, decided: bool | None) -> dict:
@@ -135,20 +146,27 @@ def explain_layout_opt(gm, *, is_inference: bool, decided: bool | None) -> dict:
     c, problems = T.layout_opt_constants()
     config = T.inductor_config
     nodes = list(gm.graph.nodes)
-    convs = [n for n in nodes if n.target is torch.ops.aten.convolution.default]
+    # torch 2.15 counts convolution_backward among the convolutions; 2.14 does not (the fence)
+    counts_backward = T.layout_opt_counts_conv_backward()
+    convs = [n for n in nodes if n.target is torch.ops.aten.convolution.default
+             or (counts_backward and _is_conv_backward(n))]
     convs += [n for n in nodes if T.is_mkldnn_conv(n)]
-    backward = sum(n.target is torch.ops.aten.convolution_backward.default for n in nodes)
+    backward = sum(map(_is_conv_backward, nodes))
     numbers = {"convolutions": len(convs), "nodes": len(nodes)}
+    if counts_backward and backward:
+        numbers["convolution_backward among them"] = backward
 
     def verdict(rule, on, why, tipped=()):
         return {"rule": rule, "on": on, "why": why, "tipped": list(tipped)}
 
     def arg_val(n, i):
+        """Argument ``i`` of a convolution's (input, weight): shifted by one for convolution_backward."""
+        i += _is_conv_backward(n)
         return n.args[i].meta.get("val") if len(n.args) > i and hasattr(n.args[i], "meta") else None
 
     def grouped(n):
         w = _weight(n)
-        return w is not None and isinstance(n.args[-1], int) and n.args[-1] > 1 and w.size(1) > 1
+        return w is not None and isinstance(_groups(n), int) and _groups(n) > 1 and w.size(1) > 1
 
     def in_out(n):
         w = _weight(n)

@@ -382,7 +382,8 @@ def _inductor_shape_problems() -> list[str]:
 #: for inference FLOPs weighted by the four multipliers, for training a grouped convolution with
 #: more than one input channel per group, one with ``out * 2 <= in`` and a kernel wider than 1,
 #: and every convolution with at most 64 input and output channels. It has no category for
-#: transposed convolutions. The explanation (``_inductor_graph.explain_layout_opt``) replays these
+#: transposed convolutions. torch 2.15 adds ``aten.convolution_backward`` to the convolutions
+#: every rule counts (:func:`layout_opt_counts_conv_backward`). The explanation (``_inductor_graph.explain_layout_opt``) replays these
 #: rules and compares its verdict with the one the running torch returned;
 #: :func:`layout_opt_constants` checks each number against the constants of the running torch's
 #: function, so a release that changes one is named instead of explained with the old number.
@@ -398,6 +399,26 @@ def _code_constants(code) -> set:
         elif isinstance(c, (int, float)) and not isinstance(c, bool):
             found.add(c)
     return found
+
+
+def _code_names(code) -> set:
+    found = set(code.co_names)
+    for c in code.co_consts:
+        if hasattr(c, "co_names"):
+            found |= _code_names(c)
+    return found
+
+
+def layout_opt_counts_conv_backward() -> bool:
+    """Whether the running torch's ``decide_layout_opt`` counts ``aten.convolution_backward``
+    nodes as convolutions, read from the names its code refers to. torch 2.15 does (its input and
+    weight at arguments 1 and 2, its groups at argument 9), so a backward graph's
+    convolution_backward decide by the same rules as a forward's convolutions; torch 2.14 and
+    earlier count ``aten.convolution`` only, so a backward graph has no convolution for them."""
+    fn = getattr(__getattr__("GraphLowering"), "decide_layout_opt", None)
+    fn = getattr(fn, "__wrapped__", fn)
+    code = getattr(fn, "__code__", None)
+    return code is not None and "convolution_backward" in _code_names(code)
 
 
 def layout_opt_constants() -> tuple[dict, list[str]]:
