@@ -119,12 +119,7 @@ def all_channels_last(args) -> list:
 def _dense_in(t: Like, fmt) -> bool:
     n = len(t.shape)
     order = [0, *range(2, n), 1] if fmt is not torch.contiguous_format else list(range(n))
-    step = 1
-    for d in reversed(order):
-        if t.shape[d] != 1 and t.stride[d] != step:
-            return False
-        step *= t.shape[d]
-    return True
+    return all(size == 1 or got == want for size, got, want in zip(t.shape, t.stride, _dense(t.shape, order)))
 
 
 def _real(a, gen: torch.Generator):
