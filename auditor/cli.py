@@ -325,7 +325,8 @@ def audit_model(spec: str, folder: Path | None, target: Target, progress: Progre
                 stage = "verifying fixes"
                 progress.advance(f"{name}: verifying fixes")
                 with blame(InternalError, f"verifying the fixes of {spec}"):
-                    done["verified"] = done["suggested"].verify(model, x, backward=not args.no_backward)
+                    done["suggested"] = done["suggested"].verify(model, x, backward=not args.no_backward)
+                    done["verified"] = done["suggested"].verification
                 with blame(InternalError, f"analysing {spec}"):  # the measured savings lead
                     done["report"] = audit.report(top=args.top, depth=args.depth or 1,
                                                   verification=done["verified"])

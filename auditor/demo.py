@@ -92,7 +92,8 @@ def main(argv=None) -> int:
     n = len(fixes)
     say(f"(each of the {n} fix{'es' if n != 1 else ''}{' and all together' if n > 1 else ''}: a copy audited twice, "
         f"its outputs compared, then up to {args.budget:g} s of timed rounds...)")
-    verified = fixes.verify(model, x, rounds=args.rounds, budget_s=args.budget)
+    fixes = fixes.verify(model, x, rounds=args.rounds, budget_s=args.budget)
+    verified = fixes.verification
     say(verification_text(verified))
     say.write("verify.csv", lambda path: verified.to_csv(path, index=False))
 

@@ -686,7 +686,8 @@ def run_model(e: Entry, rounds: int, budget: float, max_params: float) -> list[d
             causes = a.causes()
         model_row["hotspot_groups"] = _hotspot_groups(a)
         with stages("verify"):
-            v = fixes.verify(model, *args, rounds=rounds, max_rounds=rounds, budget_s=budget, **step)
+            fixes = fixes.verify(model, *args, rounds=rounds, max_rounds=rounds, budget_s=budget, **step)
+            v = fixes.verification
         with stages("patch"):
             files, check = check_patch(fixes.patch())
             model_row.update(patch_files=files, patch_check=check)

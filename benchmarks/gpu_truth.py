@@ -209,7 +209,7 @@ def part_verify(plan: Plan) -> pd.DataFrame:
                 return {"causes": 0, "note": "no causes: nothing to verify"}
             fixes = auditor.suggest_fixes(a)
             table = fixes.verify(model, x, budget_s=2.0 if plan.dry else 12.0, rounds=3 if plan.dry else 7,
-                                 max_rounds=3 if plan.dry else 21)
+                                 max_rounds=3 if plan.dry else 21).verification
             keep = [c for c in table.columns if table[c].dtype.kind in "biufO"][:12]
             return {"causes": len(a.causes()), "verify": table[keep].to_string(max_colwidth=40)[:1500],
                     "timer": "wall clock, device synchronized (Fixes.verify takes no CUDA-event timer)"}

@@ -249,7 +249,8 @@ def verified_case(name: str) -> dict:
     a = auditor.audit(model, x)
     causes = a.causes()
     fixes = auditor.suggest_fixes(a)
-    v = fixes.verify(model, x, rounds=7, budget_s=40)
+    fixes = fixes.verify(model, x, rounds=7, budget_s=40)
+    v = fixes.verification
     every = v[v["kind"] == "all"].iloc[0]
     fixed = set(v.loc[v["kind"] == "fix", "cause"].astype(int))
     mine = causes[causes["cause"].isin(fixed)]

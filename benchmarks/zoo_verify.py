@@ -53,7 +53,8 @@ def model_rows(z, timing: dict) -> list[dict]:
     with z.threads_set():
         a = auditor.audit(model, *inputs, warmup=1)
         f = auditor.suggest_fixes(a)
-        v = f.verify(model, *inputs, **timing)
+        f = f.verify(model, *inputs, **timing)
+        v = f.verification
     automatic = dict(zip(f.frame["fix"], f.frame["automatic"]))
     rows = []
     for r in v.to_dict("records"):

@@ -30,7 +30,8 @@ def test_an_upsample_of_a_one_pixel_map_is_swapped_for_a_broadcast(mode):
     [row] = f.frame.itertuples()
     assert row.pattern == "nc11_broadcast" and row.action == _suggest.SWAP and row.automatic
     assert "model.up = auditor.keep_format(model.up)" in row.suggestion
-    v = f.verify(model, x, **QUICK)
+    f = f.verify(model, x, **QUICK)
+    v = f.verification
     assert v["applied"].all() and v["same_outputs"].all() and (v["hotspots_after"] == 0).all()
 
 
@@ -56,7 +57,8 @@ def test_a_mean_over_the_channels_is_written_as_a_sum_whose_backward_is_a_view()
     assert row.pattern == "nc11_broadcast" and row.automatic
     assert "PyTorch's backward of a mean over dimensions (1,)" in row.detail
     assert row.suggestion.strip().startswith("v = (_pooled := x.pow(2)).sum(1, keepdim=True) / (_pooled.shape[1])")
-    v = f.verify(model, x, **QUICK)
+    f = f.verify(model, x, **QUICK)
+    v = f.verification
     assert v["applied"].all() and v["same_outputs"].all() and (v["hotspots_after"] == 0).all()
 
 
@@ -68,7 +70,8 @@ def test_another_op_of_a_map_that_is_both_formats_is_restrided_into_the_convolut
     rows = f.frame[(f.frame["pattern"] == "nc11_broadcast") & f.frame["op"].str.startswith("aten.cat")]
     assert len(rows) == 1 and rows["automatic"].iloc[0]
     assert "keep_format.restride(x.mean(dim=1, keepdim=True), self.c.weight)" in rows["suggestion"].iloc[0]
-    v = f.verify(model, x, **QUICK)
+    f = f.verify(model, x, **QUICK)
+    v = f.verification
     row = v[(v["kind"] == "fix") & (v["fix"] == rows["fix"].iloc[0])].iloc[0]
     assert row["applied"] and row["same_outputs"] and row["hotspots_after"] < row["hotspots_before"]
 

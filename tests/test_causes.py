@@ -394,7 +394,7 @@ def test_every_pattern_the_tracer_can_emit_is_complete():
     table is the registry."""
     from auditor._analysis import _patterns
     from auditor._analysis._patterns import PATTERNS, pattern
-    from auditor._fix._generators import fix_generators
+    from auditor._fix._registry import fix_generators
 
     named, bare = _emitted_patterns()
     assert not bare, f"CauseTracer.pattern returns bare strings {bare}: return a registered pattern's name"
@@ -733,7 +733,8 @@ def test_a_join_of_mixed_formats_is_no_missing_kernel_and_its_fix_converts_the_o
     row = fixes.frame.iloc[0]
     assert row["automatic"] and ".contiguous(memory_format=torch.channels_last if a.is_contiguous(" in row["suggestion"]
     assert "flow.contiguous(" in row["suggestion"] and "a.contiguous(" not in row["suggestion"]  # the odd one only
-    v = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=1)
+    fixes = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=1)
+    v = fixes.verification
     fix = v[v["kind"] == "fix"].iloc[0]
     assert fix["applied"] and fix["hotspots_after"] == 0 and fix["same_outputs"] and fix["max_abs_diff"] == 0
     assert fix["contiguous_hotspots_after"] <= fix["contiguous_hotspots_before"]  # layout-neutral

@@ -18,7 +18,7 @@ import auditor
 from auditor import _plan as plan
 from auditor._api import TIMED_THREADS
 from auditor._display._text import short_source
-from auditor._fix import _convert, _generators, _hooks, _keep_format, _suggest
+from auditor._fix import _convert, _hooks, _keep_format, _proposal, _suggest
 from auditor._measure import _harness
 from auditor._plan import _layout
 
@@ -276,7 +276,7 @@ def test_a_conv3d_swap_names_the_convolutions_that_lose_the_format_and_no_sympto
     fixes = auditor.suggest_fixes(auditor.audit(model, x))
     swaps = [p for p in fixes._proposals.values() if p.action == _suggest.SWAP]
     assert len(swaps) == 1
-    assert set(swaps[0].extra["modules"]) == losing  # body.1, fed contiguous, only converted
+    assert set(swaps[0].change.modules) == losing  # body.1, fed contiguous, only converted
     ref = model(x)
     done = fixes.apply(model, x)
     assert done["applied"].all(), done["detail"].tolist()
@@ -581,7 +581,8 @@ def test_a_shuffle_with_its_groups_fixed_becomes_torchs_in_its_own_statements(tm
     assert row["pattern"] == "channel_shuffle" and row["automatic"], row["reason"]
     assert row["suggestion"] == "    return torch.nn.functional.channel_shuffle(x, 2)"
     assert row["line"].splitlines()[0] == "    x = x.view(n, 2, c // 2, h, w)"
-    checked = fixes.verify(model, x, rounds=2, max_rounds=2, budget_s=1.0)
+    fixes = fixes.verify(model, x, rounds=2, max_rounds=2, budget_s=1.0)
+    checked = fixes.verification
     assert checked.iloc[0]["applied"] and checked.iloc[0]["same_outputs"] and checked.iloc[0]["hotspots_after"] == 0
 
 
@@ -618,8 +619,8 @@ def test_suggest_fixes_rejects_what_is_not_an_audit():
 
 
 def test_module_expr_spells_sequential_indices():
-    assert _generators.module_expr("layer1.0.conv2") == "model.layer1[0].conv2"
-    assert _generators.module_expr("<root>") == "model"
+    assert _proposal.module_expr("layer1.0.conv2") == "model.layer1[0].conv2"
+    assert _proposal.module_expr("<root>") == "model"
 
 
 # -- layout plans --------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """Joins proved by candidates, and fixes that hurt the contiguous run (issue 28, items 2 and 5)."""
 
+import pandas as pd
 import pytest
 import torch
 import torch.nn as nn
@@ -86,9 +87,10 @@ def test_a_joins_candidate_that_follows_the_format_of_a_weight_is_proved_and_bec
     n = int(joins["fix"].iloc[0])
     assert not fixes.apply(model).set_index("fix").loc[n, "applied"]  # not automatic before it is proved
     fixes.undo()
-    labels = [c.label for c in fixes._proposals[n].extra["candidates"]]
+    labels = [c.label for c in fixes._proposals[n].candidates]
     assert len(labels) == 2 and "self.proj.weight" in labels[1]
-    table = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=2)
+    fixes = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=2)
+    table = fixes.verification
     row = table[(table["kind"] == "fix") & (table["fix"] == n)].iloc[0]
     assert row["applied"] and row["same_outputs"] and row["hotspots_after"] == 0, row["reason"]
     assert row["contiguous_hotspots_after"] <= row["contiguous_hotspots_before"]
@@ -116,10 +118,11 @@ def test_a_candidate_that_hurts_the_contiguous_run_is_dropped_and_never_shown(tr
     n = int(joins["fix"].iloc[0])
     assert not joins["automatic"].iloc[0] and "candidate" in joins["reason"].iloc[0]
     assert joins["suggestion"].iloc[0] == ""
-    assert [c.label for c in fixes._proposals[n].extra["candidates"]] == [
+    assert [c.label for c in fixes._proposals[n].candidates] == [
         "the map written in NHWC order (reshape then permute)"]
-    assert "reshape(B, H, W, -1).permute(0, 3, 1, 2)" in fixes._proposals[n].extra["candidates"][0].suggestion
-    table = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=2)
+    assert "reshape(B, H, W, -1).permute(0, 3, 1, 2)" in fixes._proposals[n].candidates[0].suggestion
+    fixes = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=2)
+    table = fixes.verification
     row = table[(table["kind"] == "fix") & (table["fix"] == n)].iloc[0]
     assert not row["applied"] and "adds hotspot groups to the contiguous run" in row["reason"], row["reason"]
     fixed = fixes.frame.loc[fixes.frame["fix"] == n].iloc[0]
@@ -151,10 +154,11 @@ def test_no_tokens_to_map_candidate_where_the_recorded_shapes_do_not_make_the_ma
     joins = fixes.frame[fixes.frame["pattern"] == "joins"]
     assert len(joins) == 1
     n = int(joins["fix"].iloc[0])
-    labels = [c.label for c in fixes._proposals[n].extra.get("candidates", [])]
+    labels = [c.label for c in fixes._proposals[n].candidates]
     assert not any("map written in NHWC order" in label for label in labels)
     assert len(labels) == 1 and _CHAIN in labels[0]
-    table = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=2)
+    fixes = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=2)
+    table = fixes.verification
     row = table[(table["kind"] == "fix") & (table["fix"] == n)].iloc[0]
     assert row["applied"] and row["same_outputs"] and row["hotspots_after"] == 0, row["reason"]
 
@@ -181,7 +185,8 @@ def test_a_fix_that_adds_contiguous_hotspots_hurts_contiguous_and_is_not_made():
     copies = fixes.frame[fixes.frame["pattern"] == "explicit_copy"]
     assert len(copies) == 1 and copies["automatic"].iloc[0]
     n = int(copies["fix"].iloc[0])
-    table = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=2)
+    fixes = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=2)
+    table = fixes.verification
     row = table[(table["kind"] == "fix") & (table["fix"] == n)].iloc[0]
     assert row["same_outputs"] and row["hotspots_after"] == 0
     assert row["contiguous_hotspots_after"] > row["contiguous_hotspots_before"], row.to_dict()
@@ -214,7 +219,8 @@ def test_a_copy_of_a_dense_channels_last_map_follows_its_format_and_keeps_the_co
     copies = fixes.frame[fixes.frame["pattern"] == "explicit_copy"]
     assert len(copies) == 1 and copies["automatic"].iloc[0]
     assert "if" in copies["suggestion"].iloc[0] and "is_contiguous" in copies["suggestion"].iloc[0]
-    table = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=2)
+    fixes = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=2)
+    table = fixes.verification
     row = table[table["kind"] == "fix"].iloc[0]
     assert row["hotspots_after"] == 0 and row["same_outputs"]
     assert row["contiguous_hotspots_after"] <= row["contiguous_hotspots_before"]
@@ -283,10 +289,11 @@ def test_a_copy_of_a_map_whose_channels_lie_innermost_is_made_in_the_format(mode
     joins = fixes.frame[fixes.frame["pattern"] == "joins"]
     assert len(joins) == 1 and not joins["automatic"].iloc[0]
     n = int(joins["fix"].iloc[0])
-    candidates = fixes._proposals[n].extra["candidates"]
+    candidates = fixes._proposals[n].candidates
     assert [c.label for c in candidates] == labels
     assert all(".contiguous(memory_format=" in c.suggestion for c in candidates)
-    table = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=2)
+    fixes = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=2)
+    table = fixes.verification
     row = table[(table["kind"] == "fix") & (table["fix"] == n)].iloc[0]
     assert row["applied"] and row["same_outputs"] and row["hotspots_after"] == 0, row["reason"]
     assert row["contiguous_hotspots_after"] <= row["contiguous_hotspots_before"]
@@ -328,8 +335,8 @@ def test_a_map_split_into_windows_and_gathered_again_is_written_in_nhwc_order():
     joins = fixes.frame[fixes.frame["pattern"] == "joins"]
     assert len(joins) == 2 and not joins["automatic"].any()
     by_line = {("split" if "x.reshape" in r.line else "gather"): int(r.fix) for r in joins.itertuples()}
-    split = fixes._proposals[by_line["split"]].extra["candidates"]
-    gather = fixes._proposals[by_line["gather"]].extra["candidates"]
+    split = fixes._proposals[by_line["split"]].candidates
+    gather = fixes._proposals[by_line["gather"]].candidates
     assert [c.label for c in split] == ["the map split in NHWC order (permute, reshape, permute back)"]
     assert ("(x.permute(0, 2, 3, 1).reshape(B, H // P, P, W // P, P, C).permute(0, 5, 1, 2, 3, 4) if "
             "x.is_contiguous(memory_format=torch.channels_last) else x.reshape(B, C, H // P, P, W // P, P))"
@@ -337,7 +344,8 @@ def test_a_map_split_into_windows_and_gathered_again_is_written_in_nhwc_order():
     assert [c.label for c in gather] == ["the map gathered in NHWC order (channels permuted last)",
                                          "the map gathered in NHWC order, in the format of self.conv2.weight"]
     assert ".permute(0, 1, 3, 2, 4, 5).reshape(B, H, W, C).permute(0, 3, 1, 2)" in gather[0].suggestion
-    table = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=2)
+    fixes = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=2)
+    table = fixes.verification
     for n in by_line.values():
         row = table[(table["kind"] == "fix") & (table["fix"] == n)].iloc[0]
         assert row["applied"] and row["same_outputs"] and row["hotspots_after"] == 0, row["reason"]
@@ -352,7 +360,7 @@ def test_a_map_split_whose_input_is_not_a_map_in_the_format_gets_no_split_candid
     torch.manual_seed(0)
     _, _, fixes = _fixes(Windows(), torch.randn(2, 3, 8, 8))
     joins = fixes.frame[(fixes.frame["pattern"] == "joins") & fixes.frame["line"].str.contains("t.reshape")]
-    labels = [c.label for c in fixes._proposals[int(joins["fix"].iloc[0])].extra["candidates"]]
+    labels = [c.label for c in fixes._proposals[int(joins["fix"].iloc[0])].candidates]
     assert not any("split" in label for label in labels)
 
 
@@ -401,11 +409,12 @@ def test_a_new_map_that_meets_an_image_is_copied_into_the_images_format_where_th
     joins = fixes.frame[fixes.frame["pattern"] == "joins"]
     assert len(joins) == 1
     n = int(joins["fix"].iloc[0])
-    first = fixes._proposals[n].extra["candidates"][0]
+    first = fixes._proposals[n].candidates[0]
     assert first.label.startswith("the new tensor copied into the format of the image it meets in the add at ")
     assert first.line.strip() == line  # the line where they meet
     assert first.suggestion.strip() == rewritten
-    table = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=2)
+    fixes = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=2)
+    table = fixes.verification
     row = table[(table["kind"] == "fix") & (table["fix"] == n)].iloc[0]
     assert row["applied"] and row["same_outputs"] and row["hotspots_after"] == 0, row["reason"]
     assert row["contiguous_hotspots_after"] <= row["contiguous_hotspots_before"]
@@ -455,10 +464,11 @@ def test_a_gather_whose_permute_is_the_statement_before_is_rewritten_over_both()
     joins = fixes.frame[(fixes.frame["pattern"] == "joins") & fixes.frame["line"].str.contains("permute(0, 5", regex=False)]
     assert len(joins) == 1
     n = int(joins["fix"].iloc[0])
-    gather = fixes._proposals[n].extra["candidates"]
+    gather = fixes._proposals[n].candidates
     assert [c.suggestion.strip().splitlines()[0] for c in gather] == ["x = x.permute(0, 1, 3, 2, 4, 5)"] * 2
     assert gather[0].suggestion.strip().splitlines()[-1].strip() == "x = x.reshape(B, H, W, C).permute(0, 3, 1, 2)"
-    table = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=2)
+    fixes = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=2)
+    table = fixes.verification
     row = table[(table["kind"] == "fix") & (table["fix"] == n)].iloc[0]
     assert row["applied"] and row["same_outputs"] and row["hotspots_after"] == 0, row["reason"]
     assert row["contiguous_hotspots_after"] <= row["contiguous_hotspots_before"]
@@ -503,11 +513,12 @@ def test_a_product_transposed_where_a_weight_is_channels_last_and_a_cause_its_fi
     product = int(fixes.frame.loc[fixes.frame["line"].str.contains("@", regex=False), "fix"].iloc[0])
     cat = int(fixes.frame.loc[fixes.frame["line"].str.contains("torch.cat", regex=False), "fix"].iloc[0])
     assert not frame.loc[cat, "automatic"] and "cat makes a map (2x8x8x8)" in frame.loc[cat, "reason"]
-    labels = [c.label for c in fixes._proposals[product].extra["candidates"]]
+    labels = [c.label for c in fixes._proposals[product].candidates]
     assert labels[0] == "the product computed transposed"
     assert labels[1].startswith("the product computed transposed where self.qkvs[") and labels[1].endswith(
         "].weight is channels_last")
-    table = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=2).set_index("fix")
+    fixes = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=2).set_index("fix")
+    table = fixes.verification
     assert table.loc[product, "applied"] and table.loc[product, "hotspots_after"] == 0
     assert table.loc[product, "reason"].startswith(f"candidate {labels[1]} proved")
     removed = table.loc[cat]
@@ -540,7 +551,8 @@ def test_a_proved_candidate_that_raises_with_the_other_fixes_is_taken_back(monke
             raise RuntimeError("The expanded size of the tensor (1) must match the existing size (2)")
         return together(self, *args, **kwargs)
     monkeypatch.setattr(type(fixes), "_verify_all", clash)
-    table = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=2).set_index("fix")
+    fixes = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=2).set_index("fix")
+    table = fixes.verification
     assert calls == [True, False]
     row = fixes.frame.set_index("fix").loc[product]
     assert not row["automatic"] and row["suggestion"] == ""
@@ -631,14 +643,15 @@ def test_a_fold_over_statements_is_gathered_in_nhwc_order_where_a_weight_is_chan
     torch.manual_seed(0)
     model, x, fixes = _fixes(model(), torch.randn(2, 3, 8, 12))
     chained = [(int(r.fix), c) for r in fixes.frame.itertuples()
-               for c in fixes._proposals[r.fix].extra.get("candidates", []) if _CHAIN in c.label]
+               for c in fixes._proposals[r.fix].candidates if _CHAIN in c.label]
     assert chained, fixes.frame[["pattern", "line", "reason"]].to_string()
     n, candidate = chained[0]
     lines = [line.strip() for line in candidate.suggestion.splitlines()]
     k = len(before)
     assert lines[:k] == before and lines[k].startswith("if ((_w := self.") and lines[k + 1].startswith(gather)
     assert lines[k + 1].endswith(".permute(0, 3, 1, 2)") and lines[k + 2] == "else:"
-    table = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=2)
+    fixes = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=2)
+    table = fixes.verification
     row = table[(table["kind"] == "fix") & (table["fix"] == n)].iloc[0]
     assert row["applied"] and row["same_outputs"] and row["hotspots_after"] == 0, row["reason"]
     assert row["contiguous_hotspots_after"] <= row["contiguous_hotspots_before"]
@@ -648,7 +661,7 @@ def test_a_fold_over_statements_is_gathered_in_nhwc_order_where_a_weight_is_chan
 def test_a_fold_with_no_weight_in_reach_gets_no_chain_candidate():
     torch.manual_seed(0)
     _, _, fixes = _fixes(FoldInAFunction(), torch.randn(2, 3, 8, 12))
-    labels = [c.label for r in fixes.frame.itertuples() for c in fixes._proposals[r.fix].extra.get("candidates", [])]
+    labels = [c.label for r in fixes.frame.itertuples() for c in fixes._proposals[r.fix].candidates]
     assert not any(_CHAIN in label for label in labels)
 
 
@@ -662,12 +675,13 @@ def test_a_map_cut_into_patches_over_statements_is_read_in_its_memory_order_inst
     rows = fixes.frame[fixes.frame["pattern"] == "reshape_merge"]
     assert len(rows) == 1 and rows["action"].iloc[0] == "keep region contiguous"
     n = int(rows["fix"].iloc[0])
-    (candidate,) = fixes._proposals[n].extra["candidates"]
+    (candidate,) = fixes._proposals[n].candidates
     lines = [line.strip() for line in candidate.suggestion.splitlines()]
     assert lines[0] == "if x.is_contiguous(memory_format=torch.channels_last):"
     assert lines[1].startswith("x = x.permute(0, 2, 3, 1).reshape(B, ") and lines[1].endswith(
         ".reshape(B * ph * pw, nh * nw, C)")
-    table = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=2)
+    fixes = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=2)
+    table = fixes.verification
     row = table[(table["kind"] == "fix") & (table["fix"] == n)].iloc[0]
     assert row["applied"] and row["same_outputs"] and row["hotspots_after"] == 0, row["reason"]
     assert row["contiguous_hotspots_after"] <= row["contiguous_hotspots_before"]
@@ -690,8 +704,9 @@ def test_a_region_whose_chain_is_not_proved_stays_the_region(monkeypatch):
     model, x, fixes = _fixes(FoldOverStatements(), torch.randn(2, 3, 8, 12))
     n = int(fixes.frame.loc[fixes.frame["pattern"] == "reshape_merge", "fix"].iloc[0])
     before = fixes.frame.loc[fixes.frame["fix"] == n].iloc[0].copy()
-    assert ".permute(0, 4, 2, 1, 3, 5)" in fixes._proposals[n].extra["candidates"][0].suggestion
-    table = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=2)
+    assert ".permute(0, 4, 2, 1, 3, 5)" in fixes._proposals[n].candidates[0].suggestion
+    fixes = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=2)
+    table = fixes.verification
     after = fixes.frame.loc[fixes.frame["fix"] == n].iloc[0]
     assert after["action"] == "keep region contiguous" and after["suggestion"] == before["suggestion"]
     assert after["region"] == before["region"]
@@ -735,13 +750,14 @@ def test_a_copy_in_a_helper_with_no_weight_is_made_at_the_call_in_the_format_of_
     joins = fixes.frame[fixes.frame["pattern"] == "joins"]
     assert len(joins) == 1
     n = int(joins["fix"].iloc[0])
-    labels = [c.label for c in fixes._proposals[n].extra["candidates"]]
+    labels = [c.label for c in fixes._proposals[n].candidates]
     assert labels[0] == "the copy of the channels_last view dropped"
     assert labels[1].startswith("the copy of the channels_last view dropped, and made where ")
     assert labels[1].endswith("calls features, in the format of self.head.weight")
-    shown = fixes._proposals[n].extra["candidates"][1].suggestion.splitlines()
+    shown = fixes._proposals[n].candidates[1].suggestion.splitlines()
     assert [line.startswith(("return ", "# and at ", "feats = ")) for line in shown] == [True] * 3, shown
-    table = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=2)
+    fixes = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=2)
+    table = fixes.verification
     row = table[(table["kind"] == "fix") & (table["fix"] == n)].iloc[0]
     assert row["applied"] and row["same_outputs"] and row["hotspots_after"] == 0, row["reason"]
     assert row["contiguous_hotspots_after"] <= row["contiguous_hotspots_before"]
@@ -751,3 +767,28 @@ def test_a_copy_in_a_helper_with_no_weight_is_made_at_the_call_in_the_format_of_
     assert "+        feats = self.helper.features(rows).contiguous(memory_format=torch.channels_last if" in patch
     assert fixes.apply(model).set_index("fix").loc[n, "applied"]
     fixes.undo()
+
+
+def test_verify_returns_new_fixes_and_leaves_the_fixes_it_proved_as_they_were():
+    """``Fixes`` is a finished value: ``verify`` builds new fixes (the proved candidate, the
+    verification table) and ``patch()`` and ``apply()`` of the fixes verified answer the same
+    before and after it."""
+    torch.manual_seed(0)
+    model, x, fixes = _fixes(Block(), torch.randn(2, 3, 8, 8))
+    frame, patch = fixes.frame.copy(), fixes.patch()
+    applied = fixes.apply(model, exposed=False)
+    fixes.undo()
+    proved = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=2)
+    assert proved is not fixes and fixes.verification is None and proved.verification is not None
+    assert fixes.patch() == patch
+    pd.testing.assert_frame_equal(fixes.frame, frame)
+    again = fixes.apply(model, exposed=False)
+    fixes.undo()
+    pd.testing.assert_frame_equal(again, applied)
+    # the proved fixes hold what the proof found: the candidate, now an edit of its own
+    assert "self.proj.weight" in proved.patch() and "self.proj.weight" not in patch
+    n = int(frame.loc[frame["line"].str.contains("transpose") & (frame["pattern"] == "joins"), "fix"].iloc[0])
+    assert not applied.set_index("fix").loc[n, "applied"]
+    done = proved.apply(model, exposed=False)
+    proved.undo()
+    assert done.set_index("fix").loc[n, "applied"]

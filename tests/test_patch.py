@@ -256,7 +256,8 @@ def run():
     model = nn.Sequential(nn.Conv2d(3, 8, 1), Block(8)).to(memory_format=torch.channels_last)
     x = torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last)
     fixes = auditor.suggest_fixes(auditor.audit(model, x))
-    v = fixes.verify(model, x, rounds=2, max_rounds=2, budget_s=1.0)
+    fixes = fixes.verify(model, x, rounds=2, max_rounds=2, budget_s=1.0)
+    v = fixes.verification
     fixes.apply(model)
     after = len(auditor.audit(model, x, record_time=False).hotspots())
     json.dump({"name": __name__, "fixes": fixes.frame[["pattern", "automatic", "suggestion"]].values.tolist(),

@@ -121,7 +121,7 @@ def test_keep_format_names_the_replacements():
 
 
 def _rewrite(change, text):
-    from auditor._fix import _rewrite as rw
+    from auditor._fix import _syntax as rw
 
     return rw.rewrite(rw.Statement("f.py", 1, 1, text), [(change, rw.Facts(taken=frozenset({"x", "rois"})))])
 
@@ -145,7 +145,7 @@ def test_a_call_of_the_public_function_keeps_its_arguments():
 
 
 def test_a_taken_name_is_not_shadowed():
-    from auditor._fix import _rewrite as rw
+    from auditor._fix import _syntax as rw
     from auditor._fix._replace import ROI_ALIGN, ReplaceCall
 
     st = rw.Statement("f.py", 1, 1, "y = roi_align(x, b, 7)\n")
@@ -154,7 +154,7 @@ def test_a_taken_name_is_not_shadowed():
 
 
 def test_two_calls_on_a_line_are_refused():
-    from auditor._fix import _rewrite as rw
+    from auditor._fix import _syntax as rw
     from auditor._fix._replace import ROI_ALIGN, ReplaceCall
 
     with pytest.raises(rw.Refused):
@@ -188,7 +188,8 @@ def test_the_engine_replaces_roi_align_where_it_loses_the_format_and_verify_prov
     row = fixes.frame[fixes.frame["op"].str.startswith("torchvision.roi_align")].iloc[0]
     assert row["action"] == "edit source" and row["automatic"]
     assert "keep_format.roi_align(" in row["suggestion"]
-    table = fixes.verify(model, x)
+    fixes = fixes.verify(model, x)
+    table = fixes.verification
     fix = table[table["kind"] == "fix"].iloc[0]
     assert fix["applied"] and fix["same_outputs"]
     assert fix["hotspots_before"] > 0 and fix["hotspots_after"] == 0
@@ -301,7 +302,8 @@ def test_the_engine_makes_the_correlation_keep_both_gradients_and_verify_proves_
     rows = fixes.frame[fixes.frame["suggestion"].str.contains("keep_format.matmul", regex=False)]
     assert len(rows) == 1 and rows.iloc[0]["action"] == "edit source" and rows.iloc[0]["automatic"]
     assert "torch.matmul(fmap1" not in rows.iloc[0]["suggestion"]
-    table = fixes.verify(model, x, y)
+    fixes = fixes.verify(model, x, y)
+    table = fixes.verification
     fix = table[(table["kind"] == "fix") & (table["fix"] == rows.iloc[0]["fix"])].iloc[0]
     assert fix["applied"] and fix["same_outputs"], fix["reason"]
     assert fix["hotspots_after"] < fix["hotspots_before"]
@@ -369,7 +371,8 @@ def test_the_engine_restrides_maps_in_both_formats_and_verify_proves_it():
     fixes = auditor.suggest_fixes(audit)
     rows = fixes.frame[fixes.frame["suggestion"].str.contains("keep_format.restride", regex=False)]
     assert len(rows) == 1 and rows.iloc[0]["automatic"], fixes.frame[["pattern", "reason"]]
-    table = fixes.verify(model, x)
+    fixes = fixes.verify(model, x)
+    table = fixes.verification
     fix = table[(table["kind"] == "fix") & (table["fix"] == rows.iloc[0]["fix"])].iloc[0]
     assert fix["applied"] and fix["same_outputs"], fix["reason"]
     assert fix["hotspots_before"] > 0 and fix["hotspots_after"] == 0
@@ -416,7 +419,8 @@ def test_the_engine_restrides_through_the_layer_whose_method_holds_the_line():
     fixes = auditor.suggest_fixes(auditor.audit(model, x))
     rows = fixes.frame[fixes.frame["suggestion"].str.contains("keep_format.restride(x, self)", regex=False)]
     assert len(rows) == 1 and rows.iloc[0]["automatic"], fixes.frame[["pattern", "suggestion", "reason"]]
-    table = fixes.verify(model, x)
+    fixes = fixes.verify(model, x)
+    table = fixes.verification
     fix = table[(table["kind"] == "fix") & (table["fix"] == rows.iloc[0]["fix"])].iloc[0]
     assert fix["applied"] and fix["same_outputs"], fix["reason"]
     assert fix["hotspots_after"] < fix["hotspots_before"]

@@ -4,12 +4,20 @@ rewrite is exact), and refuses a statement that does not have the shape it needs
 
 from __future__ import annotations
 
+import libcst as cst
 import pytest
 import torch
 import torch.nn.functional as F
 
-from auditor._fix import _rewrite as rw
-from auditor._fix._rewrite import Facts, Refused, Statement, rewrite
+from auditor._fix._generators._copies import (
+    flatten_in_memory_order,
+    keep_format_in_copy,
+    out_of_place,
+)
+from auditor._fix._generators._reductions import add_the_branches, broadcast_the_map, pool_by_sum
+from auditor._fix._generators._shuffle import shuffle_by_torch, shuffle_temporaries
+from auditor._fix._generators._slices import skip_the_whole_slice, split_the_channels
+from auditor._fix._syntax import Facts, Refused, Statement, rewrite, statement_at
 
 CL = torch.channels_last
 
@@ -49,37 +57,37 @@ def _image(*shape):
 
 def test_a_mean_over_h_and_w_becomes_a_sum_divided_by_their_size_bit_for_bit():
     old = "        x_se = x.mean((2, 3), keepdim=True)  # squeeze\n"
-    new = _new(old, rw.pool_by_sum)
+    new = _new(old, pool_by_sum)
     assert new == "        x_se = x.sum((2, 3), keepdim=True) / (x.shape[2] * x.shape[3])  # squeeze\n"
     _same_math(old, new, {"x": _image(2, 8, 5, 5)}, "x_se", exact=True)
-    assert _new("y = torch.mean(x, dim=[-2, -1])\n", rw.pool_by_sum) == "y = x.sum([-2, -1]) / (x.shape[2] * x.shape[3])\n"
-    assert _new("y = F.adaptive_avg_pool2d(t, 1)\n", rw.pool_by_sum) == \
+    assert _new("y = torch.mean(x, dim=[-2, -1])\n", pool_by_sum) == "y = x.sum([-2, -1]) / (x.shape[2] * x.shape[3])\n"
+    assert _new("y = F.adaptive_avg_pool2d(t, 1)\n", pool_by_sum) == \
         "y = t.sum((2, 3), keepdim=True) / (t.shape[2] * t.shape[3])\n"
 
 
 def test_a_mean_of_an_expression_reads_it_once():
-    new = _new("        x = x.sum(1).mean((2, 3), keepdim=True)\n", rw.pool_by_sum, taken=frozenset({"x", "_pooled"}))
+    new = _new("        x = x.sum(1).mean((2, 3), keepdim=True)\n", pool_by_sum, taken=frozenset({"x", "_pooled"}))
     assert new == "        x = (_pooled2 := x.sum(1)).sum((2, 3), keepdim=True) / (_pooled2.shape[2] * _pooled2.shape[3])\n"
 
 
 def test_a_reduction_over_the_stacked_dimension_becomes_the_sum_of_the_branches():
     old = "        x = torch.sum(x, dim=1)\n"
-    new = _new(old, rw.add_the_branches, dims=(1,))
+    new = _new(old, add_the_branches, dims=(1,))
     assert new == "        x = sum(x.unbind(1))\n"
     y = _same_math(old, new, {"x": torch.stack([_image(2, 8, 5, 5), _image(2, 8, 5, 5)], dim=1)}, "x", exact=True)
     assert y.is_contiguous(memory_format=CL)
-    assert _new("        output = torch.stack(x).sum(dim=0)\n", rw.add_the_branches, dims=(0,)) == "        output = sum(x)\n"
+    assert _new("        output = torch.stack(x).sum(dim=0)\n", add_the_branches, dims=(0,)) == "        output = sum(x)\n"
     with pytest.raises(Refused, match="no reduction over the stacked dimension"):
-        _new("y = x.sum(2)\n", rw.add_the_branches, dims=(1,))
+        _new("y = x.sum(2)\n", add_the_branches, dims=(1,))
     with pytest.raises(Refused, match="name sum is taken"):
-        _new("y = x.sum(1)\n", rw.add_the_branches, dims=(1,), taken=frozenset({"sum"}))
+        _new("y = x.sum(1)\n", add_the_branches, dims=(1,), taken=frozenset({"sum"}))
 
 
 def test_two_rewrites_of_one_statement_compose_in_either_order():
     text = "        x = x.sum(1).mean((2, 3), keepdim=True)\n"
     st = Statement("x.py", 1, 1, text)
-    a = rewrite(st, [(rw.add_the_branches, Facts(dims=(1,))), (rw.pool_by_sum, Facts())])
-    b = rewrite(st, [(rw.pool_by_sum, Facts()), (rw.add_the_branches, Facts(dims=(1,)))])
+    a = rewrite(st, [(add_the_branches, Facts(dims=(1,))), (pool_by_sum, Facts())])
+    b = rewrite(st, [(pool_by_sum, Facts()), (add_the_branches, Facts(dims=(1,)))])
     assert a == b == "        x = (_pooled := sum(x.unbind(1))).sum((2, 3), keepdim=True) / (_pooled.shape[2] * _pooled.shape[3])\n"
     stacked = torch.stack([_image(2, 4, 3, 3), _image(2, 4, 3, 3), _image(2, 4, 3, 3)], dim=1)
     _same_math(text, a, {"x": stacked}, "x", exact=False)
@@ -87,7 +95,7 @@ def test_two_rewrites_of_one_statement_compose_in_either_order():
 
 def test_slices_that_cut_the_channels_become_one_split():
     old = "        x = torch.cat([x[:, 0:self.in_channels] + shortcut, x[:, self.in_channels:]], dim=1)  # mix\n"
-    new = _new(old, rw.split_the_channels)
+    new = _new(old, split_the_channels)
     assert new == ("        x_0, x_1 = x.split([self.in_channels, x.shape[1] - self.in_channels], dim=1)\n"
                    "        x = torch.cat([x_0 + shortcut, x_1], dim=1)  # mix\n")
 
@@ -95,27 +103,27 @@ def test_slices_that_cut_the_channels_become_one_split():
         in_channels = 3
     _same_math(old, new, {"x": _image(2, 8, 4, 4), "shortcut": _image(2, 3, 4, 4), "self": Self()}, "x", exact=True)
     with pytest.raises(Refused, match="PyTorch's own backward"):
-        _new("left = a[:, :8]\n", rw.split_the_channels)
+        _new("left = a[:, :8]\n", split_the_channels)
     with pytest.raises(Refused, match="no slice of the channels"):
-        _new("a, b = x.chunk(2, dim=1)\n", rw.split_the_channels)
+        _new("a, b = x.chunk(2, dim=1)\n", split_the_channels)
 
 
 def test_slices_on_consecutive_statements_become_one_split_before_the_first():
     old = "        a = x[:, :k]\n        b = x[:, k:] * 2\n"
-    new = _new(old, rw.split_the_channels)
+    new = _new(old, split_the_channels)
     assert new == ("        x_0, x_1 = x.split([k, x.shape[1] - k], dim=1)\n"
                    "        a = x_0\n        b = x_1 * 2\n")
     _same_math(old, new, {"x": _image(2, 8, 4, 4), "k": 3}, "b", exact=True)
     # a statement that rebinds what the slices read cannot have them taken before it
     with pytest.raises(Refused, match="assign k"):
-        _new("        k = 3\n        a = x[:, :k]\n        b = x[:, k:]\n", rw.split_the_channels)
+        _new("        k = 3\n        a = x[:, :k]\n        b = x[:, k:]\n", split_the_channels)
     with pytest.raises(Refused, match="assign x"):
-        _new("        x = x[:, :4]\n        b = x[:, 4:]\n", rw.split_the_channels)
+        _new("        x = x[:, :4]\n        b = x[:, 4:]\n", split_the_channels)
 
 
 def test_a_slice_of_the_leading_channels_is_skipped_when_it_keeps_them_all():
     old = "        y = out[:, :self.out_chs, :, :] * 2\n"
-    new = _new(old, rw.skip_the_whole_slice)
+    new = _new(old, skip_the_whole_slice)
     assert new == "        y = (out if out.shape[1] == self.out_chs else out[:, :self.out_chs, :, :]) * 2\n"
 
     class Self:
@@ -125,30 +133,30 @@ def test_a_slice_of_the_leading_channels_is_skipped_when_it_keeps_them_all():
         y = _same_math(old, new, {"out": _image(2, 8, 4, 4), "self": Self()}, "y", exact=True)
         assert y.shape[1] == chs
     with pytest.raises(Refused, match="leading channels"):
-        _new("y = out[:, 2:5]\n", rw.skip_the_whole_slice)
+        _new("y = out[:, 2:5]\n", skip_the_whole_slice)
 
 
 def test_an_in_place_op_on_a_name_goes_out_of_place():
-    assert _new("        x += self.shortcut(s)  # residual\n", rw.out_of_place) == "        x = x + self.shortcut(s)  # residual\n"
-    assert _new("y.mul_(z)\n", rw.out_of_place) == "y = y.mul(z)\n"
+    assert _new("        x += self.shortcut(s)  # residual\n", out_of_place) == "        x = x + self.shortcut(s)  # residual\n"
+    assert _new("y.mul_(z)\n", out_of_place) == "y = y.mul(z)\n"
     with pytest.raises(Refused, match="not a name"):
-        _new("x[:, :4] += y\n", rw.out_of_place)
+        _new("x[:, :4] += y\n", out_of_place)
 
 
 def test_a_copy_into_contiguous_order_asks_for_channels_last():
-    assert _new("        xb = self.b(xb).contiguous()\n", rw.keep_format_in_copy) == \
+    assert _new("        xb = self.b(xb).contiguous()\n", keep_format_in_copy) == \
         "        xb = self.b(xb).contiguous(memory_format=torch.channels_last)\n"
-    assert _new("y = x.to(memory_format=torch.contiguous_format)\n", rw.keep_format_in_copy, cl="channels_last_3d",
+    assert _new("y = x.to(memory_format=torch.contiguous_format)\n", keep_format_in_copy, cl="channels_last_3d",
                 rank=5, torch="th") == "y = x.to(memory_format=th.channels_last_3d)\n"
     with pytest.raises(Refused, match="2 candidates for the copy"):
-        _new("y = a.contiguous() + b.contiguous()\n", rw.keep_format_in_copy)
+        _new("y = a.contiguous() + b.contiguous()\n", keep_format_in_copy)
     with pytest.raises(Refused, match="torch is not imported"):
-        _new("y = a.contiguous()\n", rw.keep_format_in_copy, torch=None)
+        _new("y = a.contiguous()\n", keep_format_in_copy, torch=None)
 
 
 def test_an_nc11_map_is_broadcast_instead_of_interpolated():
     old = '        return F.interpolate(x, size=size, mode="bilinear", align_corners=False)\n'
-    new = _new(old, rw.broadcast_the_map)
+    new = _new(old, broadcast_the_map)
     follow = ("torch.channels_last if x.stride(1) == 1 and (x.shape[1] == 1 or x.stride(-1) > 1) "
               "else torch.contiguous_format")
     assert new == f"        return x.expand(-1, -1, *size).contiguous(memory_format={follow})\n"
@@ -161,10 +169,10 @@ def test_an_nc11_map_is_broadcast_instead_of_interpolated():
     # the interpolation's output was
     y = _same_math(body(old), body(new), {"x": torch.randn(2, 8, 1, 1), "size": (5, 6)}, "y", exact=False)
     assert y.is_contiguous() and not y.is_contiguous(memory_format=CL)
-    assert _new("y = F.interpolate(p, (h, w))\n", rw.broadcast_the_map) == \
+    assert _new("y = F.interpolate(p, (h, w))\n", broadcast_the_map) == \
         f"y = p.expand(-1, -1, h, w).contiguous(memory_format={follow.replace('x.', 'p.')})\n"
     with pytest.raises(Refused, match="no output size"):
-        _new("y = F.interpolate(p, scale_factor=2)\n", rw.broadcast_the_map)
+        _new("y = F.interpolate(p, scale_factor=2)\n", broadcast_the_map)
 
 
 def test_a_reshaped_weight_is_flattened_in_its_memory_order_and_keeps_its_comments():
@@ -177,7 +185,7 @@ def test_a_reshaped_weight_is_flattened_in_its_memory_order_and_keeps_its_commen
             eps=1e-5,
         ).reshape_as(self.weight)
 """
-    new = _new(old, rw.flatten_in_memory_order)
+    new = _new(old, flatten_in_memory_order)
     assert "(self.weight.permute(0, 2, 3, 1) if (_cl := self.weight.stride(1) == 1" in new
     assert "else self.weight).reshape(1, self.out_channels, -1)," in new
     assert "None,  # running_mean" in new and new.endswith(
@@ -198,10 +206,10 @@ def test_a_reshaped_weight_is_flattened_in_its_memory_order_and_keeps_its_commen
 def test_a_statement_is_found_whole_and_a_compound_header_is_refused(tmp_path):
     path = tmp_path / "m.py"
     path.write_text("def f(x):\n    y = g(\n        x,\n    )  # call\n    if x.mean() > 0:\n        return y\n")
-    st = rw.statement_at(str(path), 3)
+    st = statement_at(str(path), 3)
     assert (st.first, st.last) == (2, 4) and st.text.endswith("# call\n")
     with pytest.raises(Refused, match="compound statement"):
-        rw.statement_at(str(path), 5)
+        statement_at(str(path), 5)
 
 
 def test_a_channel_shuffle_written_inline_becomes_torchs_in_its_own_statement_only():
@@ -209,13 +217,13 @@ def test_a_channel_shuffle_written_inline_becomes_torchs_in_its_own_statement_on
     call of channel_shuffle, on the tensor it shuffled, with the groups as written (not ``self``,
     not the whole body)."""
     old = "        f = f.view(n, 2, c // 2, h, w).transpose(1, 2).contiguous().view(n, c, h, w)  # shuffle\n"
-    new = _new(old, rw.shuffle_by_torch)
+    new = _new(old, shuffle_by_torch)
     assert new == "        f = torch.nn.functional.channel_shuffle(f, 2)  # shuffle\n"
     f = _image(2, 8, 3, 5)
     y = _same_math(old, new, {"f": f, "n": 2, "c": 8, "h": 3, "w": 5}, "f", exact=True)
     assert y.is_contiguous(memory_format=CL)
     assert _new("y = torch.flatten(x.reshape(b, g, c // g, h, w).permute(0, 2, 1, 3, 4), 1, 2)\n",
-                rw.shuffle_by_torch, torch="th") == "y = th.nn.functional.channel_shuffle(x, g)\n"
+                shuffle_by_torch, torch="th") == "y = th.nn.functional.channel_shuffle(x, g)\n"
 
 
 def test_a_channel_shuffle_over_several_statements_becomes_one_and_a_return_of_it_joins():
@@ -223,14 +231,14 @@ def test_a_channel_shuffle_over_several_statements_becomes_one_and_a_return_of_i
            "    # swap the groups\n"
            "    x = torch.transpose(x, 1, 2).contiguous()\n"
            "    x = x.view(batchsize, -1, height, width)\n")
-    new = _new(old, rw.shuffle_by_torch)
+    new = _new(old, shuffle_by_torch)
     assert new == "    x = torch.nn.functional.channel_shuffle(x, groups)\n"
     scope = {"x": _image(2, 6, 4, 4), "groups": 3, "batchsize": 2, "channels_per_group": 2, "height": 4, "width": 4}
     _same_math(old, new, scope, "x", exact=True)
-    assert _new(old + "    return x\n", rw.shuffle_by_torch) == "    return torch.nn.functional.channel_shuffle(x, groups)\n"
+    assert _new(old + "    return x\n", shuffle_by_torch) == "    return torch.nn.functional.channel_shuffle(x, groups)\n"
     two = "    s = t.view(n, g, c // g, h, w)\n    out = s.transpose(1, 2).reshape(n, c, h, w)\n"
-    assert _new(two, rw.shuffle_by_torch) == "    out = torch.nn.functional.channel_shuffle(t, g)\n"
-    assert rw.shuffle_temporaries(rw.cst.parse_module("if True:\n" + two)) == {"s"}
+    assert _new(two, shuffle_by_torch) == "    out = torch.nn.functional.channel_shuffle(t, g)\n"
+    assert shuffle_temporaries(cst.parse_module("if True:\n" + two)) == {"s"}
 
 
 @pytest.mark.parametrize("text", [
@@ -249,4 +257,4 @@ def test_a_channel_shuffle_over_several_statements_becomes_one_and_a_return_of_i
 ])
 def test_statements_that_are_not_exactly_a_channel_shuffle_are_refused(text):
     with pytest.raises(Refused):
-        _new(text, rw.shuffle_by_torch)
+        _new(text, shuffle_by_torch)

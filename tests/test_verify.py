@@ -12,7 +12,6 @@ import sys
 import textwrap
 import warnings
 
-import pandas as pd
 import pytest
 import torch
 import torch.nn as nn
@@ -20,7 +19,8 @@ from planted import SlicesLeaveAGap, SlicesOnTwoStatements, StackThenCopy, make_
 
 import auditor
 from auditor._display._text import saving_text
-from auditor._fix import _rewrite, _suggest, _verify
+from auditor._fix import _suggest, _syntax, _verify
+from auditor._fix._generators import _reductions, _shuffle
 
 CL = torch.channels_last
 #: rounds enough for the correctness columns and a decision on a planted model, cheap to run
@@ -36,7 +36,8 @@ def test_a_verified_fix_removes_its_cause_keeps_the_values_and_is_timed():
     a = auditor.audit(model, x, warmup=1)
     f = auditor.suggest_fixes(a)
     before = _state(model)
-    v = f.verify(model, x, **QUICK)
+    f = f.verify(model, x, **QUICK)
+    v = f.verification
     assert list(v.columns) == _suggest.VERIFY_COLUMNS and list(v["kind"]) == ["fix", "all"]
     row = v.iloc[0]
     assert row["applied"] and row["hotspots_before"] == len(a.hotspots()) and row["hotspots_after"] == 0
@@ -66,7 +67,8 @@ def test_a_cause_a_fix_exposes_gets_its_row_and_its_fix_is_made_with_the_others(
     a = auditor.audit(model, x)
     f = auditor.suggest_fixes(a)
     assert list(a.causes()["pattern"]) == ["stack_reduce"]
-    v = f.verify(model, x, **QUICK)
+    f = f.verify(model, x, **QUICK)
+    v = f.verification
     exposed = v[v["kind"] == "exposed"]
     assert list(exposed["pattern"]) == ["explicit_copy"] and exposed["applied"].all()
     assert "return self.c(s.contiguous())" in open(exposed["source"].iloc[0].rpartition(":")[0]).read()
@@ -104,7 +106,7 @@ def test_apply_makes_the_fixes_of_the_causes_its_fixes_expose_round_by_round():
     # without inputs, the rounds the last verify of the same fixes found are made
     assert list(f.apply(model)["round"]) == [1]  # none verified yet: nothing to go on
     f.undo()
-    f.verify(model, x, **QUICK)
+    f = f.verify(model, x, **QUICK)
     try:
         assert list(f.apply(model)["round"]) == [1, 2]
         assert auditor.audit(model, x).hotspots().empty
@@ -127,7 +129,7 @@ def test_apply_without_inputs_makes_the_exposed_fixes_verify_found_beside_a_fix_
     model, x = WithGap().to(memory_format=CL), torch.randn(2, 3, 8, 8).to(memory_format=CL)
     f = auditor.suggest_fixes(auditor.audit(model, x))
     assert set(f.frame["pattern"]) == {"stack_reduce", "channel_slice"} and not f.frame["automatic"].all()
-    f.verify(model, x, **QUICK)
+    f = f.verify(model, x, **QUICK)
     try:
         done = f.apply(model)
         assert list(done.loc[done["round"] == 2, "pattern"]) == ["explicit_copy"]
@@ -149,7 +151,8 @@ def test_slices_on_two_statements_that_partition_the_channels_become_one_split()
         "        left = a_0  # planted: a slice of the channels\n"
         "        right = a_1  # planted: the other slice, on the next statement"}
     assert f.patch().count("a.split(") == 1  # the two causes' edits are one
-    v = f.verify(model, x, **QUICK)
+    f = f.verify(model, x, **QUICK)
+    v = f.verification
     assert (v["applied"] & v["same_outputs"]).all() and (v["hotspots_after"] == 0).all()
 
 
@@ -174,15 +177,15 @@ def test_slices_that_leave_channels_out_are_by_hand_and_a_split_would_not_help()
 def test_a_fix_that_changes_the_values_is_caught(monkeypatch):
     """A rewrite that forgets the mean's division: verified, its verdict says so."""
     def sum_only(module, facts):
-        call = _rewrite._the_one(_rewrite._find(module, lambda n: isinstance(n, _rewrite.cst.Call)
-                                                 and _rewrite._callee(n) == "mean"), "mean")
-        return _rewrite._replace(module, call, call.with_deep_changes(call.func.attr, value="sum"))
+        call = _syntax.the_one(_syntax.find(module, lambda n: isinstance(n, _syntax.cst.Call)
+                                            and _syntax.callee(n) == "mean"), "mean")
+        return _syntax.replace_node(module, call, call.with_deep_changes(call.func.attr, value="sum"))
 
-    monkeypatch.setattr(_rewrite, "pool_by_sum", sum_only)
+    monkeypatch.setattr(_reductions, "pool_by_sum", sum_only)
     model, x = make_cause("se_mean")
     f = auditor.suggest_fixes(auditor.audit(model, x))
     assert "sum((2, 3)" in f.frame["suggestion"].iloc[0]
-    row = f.verify(model, x, **QUICK).iloc[0]
+    row = f.verify(model, x, **QUICK).verification.iloc[0]
     assert row["applied"] and not row["same_outputs"] and row["verdict"] == "changes outputs"
     assert row["max_rel_diff"] > 1
 
@@ -190,7 +193,7 @@ def test_a_fix_that_changes_the_values_is_caught(monkeypatch):
 def test_a_fix_left_by_hand_is_reported_not_applied():
     model, x = make_cause("token_group_norm")
     f = auditor.suggest_fixes(auditor.audit(model, x))
-    row = f.verify(model, x, **QUICK).iloc[0]
+    row = f.verify(model, x, **QUICK).verification.iloc[0]
     assert not row["applied"] and row["verdict"] == "not applied" and "by hand" in row["reason"]
     assert math.isnan(row["step_us_before"])
 
@@ -263,7 +266,8 @@ def test_the_patch_of_a_user_file_applies_with_git_and_the_re_audit_is_clean(tmp
     model, x = usernet.Net().to(memory_format=CL), torch.randn(2, 3, 8, 8).to(memory_format=CL)
     f = auditor.suggest_fixes(auditor.audit(model, x))
     assert set(f.frame["pattern"]) == {"mean_backward", "explicit_copy"} and f.frame["automatic"].all()
-    v = f.verify(model, x, **QUICK)
+    f = f.verify(model, x, **QUICK)
+    v = f.verification
     assert v["applied"].all() and v["same_outputs"].all() and (v["hotspots_after"] == 0).all()
     patch = tmp_path / "fixes.patch"
     f.save_patch(patch)
@@ -298,7 +302,8 @@ def test_a_notebook_cells_fix_is_applied_and_verified(monkeypatch):
     model, x = scope["Net"]().to(memory_format=CL), torch.randn(2, 3, 8, 8).to(memory_format=CL)
     f = auditor.suggest_fixes(auditor.audit(model, x))
     assert set(f.frame["source"]) == {"Cell In[7], line 9", "Cell In[7], line 10"} and f.frame["automatic"].all()
-    v = f.verify(model, x, **QUICK)
+    f = f.verify(model, x, **QUICK)
+    v = f.verification
     assert v["applied"].all() and v["same_outputs"].all() and (v["hotspots_after"] == 0).all()
     assert "# Cell In[7] is no file on disk (a notebook cell, say): the fix is applied and verified in memory" \
         in f.patch()
@@ -327,7 +332,8 @@ def test_every_zoo_cause_is_fixed_and_verified_or_left_by_hand_with_its_reason(z
         a = auditor.audit(model, *inputs, warmup=1)
         f = auditor.suggest_fixes(a)
         assert set(f.frame["cause"]) == set(a.causes()["cause"])  # every cause has its row
-        v = f.verify(model, *inputs, **ZOO_TIMING)
+        f = f.verify(model, *inputs, **ZOO_TIMING)
+        v = f.verification
     fixes = v[v["kind"] == "fix"].set_index("fix")
     for r in f.frame.itertuples():
         row = fixes.loc[r.fix]
@@ -381,7 +387,8 @@ def test_a_model_that_caches_a_non_leaf_tensor_is_verified_and_planned():
     with pytest.raises(RuntimeError, match="graph leaves"):
         __import__("copy").deepcopy(model)
     f = auditor.suggest_fixes(auditor.audit(model, x, record_time=False))
-    v = f.verify(model, x, **QUICK)
+    f = f.verify(model, x, **QUICK)
+    v = f.verification
     assert v.iloc[0]["applied"] and v.iloc[0]["hotspots_after"] == 0 and v.iloc[0]["same_outputs"]
     assert model.cache[0].grad_fn is not None  # the model's own cache is left as it was
     with warnings.catch_warnings():  # one round cannot separate the layouts: only the copy is asked
@@ -416,7 +423,8 @@ def test_a_cause_inside_a_torch_module_with_a_format_keeping_version_is_a_swap_w
     norms = f.frame[f.frame["module"].str.endswith(".1")]
     assert len(norms) and set(norms["action"]) == {"swap module"} and norms["automatic"].all()
     assert not ({"joins", "explicit_copy"} & set(f.frame["pattern"])) or "auditor.keep_format(" in " ".join(norms["suggestion"])
-    v = f.verify(model, x, **QUICK)
+    f = f.verify(model, x, **QUICK)
+    v = f.verification
     together = v[v["kind"] == "all"].iloc[0]
     assert together["applied"] and together["same_outputs"], together["reason"]  # one module, two causes: swapped once
     assert together["hotspots_after"] == 0
@@ -430,13 +438,14 @@ def test_two_causes_in_one_module_swap_it_once():
     """RAFT's InstanceNorm2d shows two causes (the batch norm on its (1, N·C, H, W) view and the
     copy back), each fixed by swapping the same module: made together, the second finds it
     swapped, instead of failing on a GroupNorm that has no replacement."""
-    from auditor._fix._generators import SWAP, Proposal
+    from auditor._fix._changes import SwapModules
     from auditor._fix._keep_format import SWAPS
+    from auditor._fix._making import change_model
+    from auditor._fix._proposal import Proposal
 
     model = nn.Sequential(nn.Conv2d(3, 4, 1), nn.InstanceNorm2d(4))
-    frame = pd.DataFrame({"fix": [1, 2], "action": [SWAP, SWAP], "module": ["1", "1"]})
-    proposals = {n: Proposal(SWAP, "", extra={"modules": ["1"], "table": SWAPS}) for n in (1, 2)}
-    undo, done = _suggest._change_model(model, frame, proposals, [1, 2])
+    proposals = {n: Proposal(SwapModules, "", change=SwapModules(("1",), SWAPS)) for n in (1, 2)}
+    undo, done = change_model(model, proposals, [1, 2])
     assert done[1] == (True, "1 is now GroupNorm") and done[2] == (True, "1 already swapped by fix 1")
     for u in reversed(undo):
         u()
@@ -462,7 +471,8 @@ def test_a_model_that_cannot_run_in_float64_is_verified_in_its_own_dtype():
     with pytest.raises(RuntimeError):
         _verify.step_values(_verify.in_float64(_suggest.Step(model, (x,), {})))
     f = auditor.suggest_fixes(auditor.audit(model, x, record_time=False))
-    v = f.verify(model, x, **QUICK)
+    f = f.verify(model, x, **QUICK)
+    v = f.verification
     row = v.iloc[0]
     assert row["applied"] and row["same_outputs"] and row["hotspots_after"] == 0
     assert row["max_rel_diff"] <= _verify.TOLERANCE[torch.float32]
@@ -529,17 +539,18 @@ def test_a_wrong_fix_is_dropped_with_its_reason_and_verify_does_not_raise(tmp_pa
     module = importlib.import_module("shuffled_user")
 
     def wrong_rewrite(tree, facts):
-        body, _ = _rewrite._statement_of(tree)
-        if len(body.body) != 1 or "transpose" not in _rewrite._code(body):
-            raise _rewrite.Refused("not the shuffle's statement")
+        body, _ = _syntax.statement_of(tree)
+        if len(body.body) != 1 or "transpose" not in _syntax.code(body):
+            raise _syntax.Refused("not the shuffle's statement")
         return tree.with_deep_changes(body, body=[cst.parse_statement(wrong + "\n")])
 
-    monkeypatch.setattr(_rewrite, "shuffle_by_torch", wrong_rewrite)
+    monkeypatch.setattr(_shuffle, "shuffle_by_torch", wrong_rewrite)
     torch.manual_seed(0)
     model, x = module.Shuffled().to(memory_format=CL), torch.randn(2, 3, 6, 6).to(memory_format=CL)
     f = auditor.suggest_fixes(auditor.audit(model, x))
     assert list(f.frame["pattern"]) == ["channel_shuffle"] and f.frame["automatic"].all()
-    v = f.verify(model, x, **QUICK)
+    f = f.verify(model, x, **QUICK)
+    v = f.verification
     row = v.iloc[0]
     assert row["kind"] == "fix" and row["reason"].startswith(why), row["reason"]
     assert not f.frame["automatic"].iloc[0] and f.frame["reason"].iloc[0] == row["reason"].removeprefix("dropped: ")

@@ -97,28 +97,29 @@ class ReplaceCall:
     def __call__(self, module, facts):
         import libcst as cst
 
-        from . import _rewrite as rw
+        from . import _syntax as syn
+
 
         r = self.replacement
 
         def is_call(node) -> bool:
-            return isinstance(node, cst.Call) and (rw._code(node.func) == r.op_call or rw._callee(node) in r.calls)
+            return isinstance(node, cst.Call) and (syn.code(node.func) == r.op_call or syn.callee(node) in r.calls)
 
-        call = rw._the_one(rw._find(module, is_call), f"call of {r.op}")
+        call = syn.the_one(syn.find(module, is_call), f"call of {r.op}")
         name = facts.new_name("keep_format")
-        callee = rw._expr(f"{name}.{r.name}")
-        if rw._code(call.func) == r.op_call:
+        callee = syn.expr(f"{name}.{r.name}")
+        if syn.code(call.func) == r.op_call:
             if any(a.keyword is not None or a.star for a in call.args):
-                raise rw.Refused(f"the call of {r.op} names or unpacks its arguments: call {r.describe()} by hand")
+                raise syn.Refused(f"the call of {r.op} names or unpacks its arguments: call {r.describe()} by hand")
             try:
-                args = r.op_arguments([rw._code(a.value) for a in call.args])
+                args = r.op_arguments([syn.code(a.value) for a in call.args])
             except ValueError as exc:
-                raise rw.Refused(str(exc)) from None
-            new = rw._expr(f"{name}.{r.name}({', '.join(args)})")
+                raise syn.Refused(str(exc)) from None
+            new = syn.expr(f"{name}.{r.name}({', '.join(args)})")
         else:
             new = call.with_changes(func=callee)
-        module = rw._replace(module, call, new)
-        return rw._insert_before(module, f"from auditor import keep_format as {name}" if name != "keep_format"
+        module = syn.replace_node(module, call, new)
+        return syn.insert_before(module, f"from auditor import keep_format as {name}" if name != "keep_format"
                                  else "from auditor import keep_format")
 
 
@@ -139,26 +140,27 @@ class ReplaceProduct:
     def __call__(self, module, facts):
         import libcst as cst
 
-        from . import _rewrite as rw
+        from . import _syntax as syn
+
 
         def operands(node) -> tuple | None:
             if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.MatrixMultiply):
                 return node.left, node.right
-            if not isinstance(node, cst.Call) or rw._callee(node) not in ("matmul", "bmm", "mm"):
+            if not isinstance(node, cst.Call) or syn.callee(node) not in ("matmul", "bmm", "mm"):
                 return None
             args = [a for a in node.args if a.keyword is None and not a.star]
             if len(args) != len(node.args):
                 return None
-            if rw._is_method(node, facts.torch) and len(args) == 1:
+            if syn.is_method(node, facts.torch) and len(args) == 1:
                 return node.func.value, args[0].value
-            if not rw._is_method(node, facts.torch) and len(args) == 2:
+            if not syn.is_method(node, facts.torch) and len(args) == 2:
                 return args[0].value, args[1].value
             return None
 
-        node = rw._the_one(rw._find(module, lambda n: operands(n) is not None), "product of two tensors")
+        node = syn.the_one(syn.find(module, lambda n: operands(n) is not None), "product of two tensors")
         a, b = operands(node)
         name = facts.new_name("keep_format")
-        new = rw._expr(f"{name}.matmul({rw._code(a)}, {rw._code(b)})")
-        module = rw._replace(module, node, new)
-        return rw._insert_before(module, f"from auditor import keep_format as {name}" if name != "keep_format"
+        new = syn.expr(f"{name}.matmul({syn.code(a)}, {syn.code(b)})")
+        module = syn.replace_node(module, node, new)
+        return syn.insert_before(module, f"from auditor import keep_format as {name}" if name != "keep_format"
                                  else "from auditor import keep_format")

@@ -61,15 +61,16 @@ class Restride:
     def __call__(self, module, facts):
         import libcst as cst
 
-        from . import _rewrite as rw
+        from . import _syntax as syn
 
-        calls = rw._find(module, lambda n: isinstance(n, cst.Call))
+
+        calls = syn.find(module, lambda n: isinstance(n, cst.Call))
         if not calls:
-            raise rw.Refused("this line calls nothing to pass the re-strided map to")
+            raise syn.Refused("this line calls nothing to pass the re-strided map to")
         # the call of the op by its name (torch.cat for aten.cat), else the outermost call (a
         # module's, whose op runs inside it): the visitor meets it first
-        named = [n for n in calls if rw._callee(n) == self.op]
-        call = rw._the_one(named, f"call of {self.op}") if named else calls[0]
+        named = [n for n in calls if syn.callee(n) == self.op]
+        call = syn.the_one(named, f"call of {self.op}") if named else calls[0]
         name = facts.new_name("keep_format")
 
         def wrapped(expr, first: bool):
@@ -80,7 +81,7 @@ class Restride:
             if not first or isinstance(expr, (cst.Integer, cst.Float, cst.SimpleString)) or (
                     isinstance(expr, cst.Name) and expr.value in ("None", "True", "False")):
                 return None
-            return rw._expr(f"{name}.restride({rw._code(expr)}, {self.weight})")
+            return syn.expr(f"{name}.restride({syn.code(expr)}, {self.weight})")
 
         # the first positional argument (the map), or each item of a list or tuple of them
         args, changed = [], 0
@@ -89,7 +90,7 @@ class Restride:
             changed += new is not None
             args.append(a.with_changes(value=new) if new is not None else a)
         if not changed:
-            raise rw.Refused("the call on this line takes no map to re-stride")
-        module = rw._replace(module, call, call.with_changes(args=args))
-        return rw._insert_before(module, f"from auditor import keep_format as {name}" if name != "keep_format"
+            raise syn.Refused("the call on this line takes no map to re-stride")
+        module = syn.replace_node(module, call, call.with_changes(args=args))
+        return syn.insert_before(module, f"from auditor import keep_format as {name}" if name != "keep_format"
                                  else "from auditor import keep_format")

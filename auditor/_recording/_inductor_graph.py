@@ -136,6 +136,58 @@ def _groups(node):
     return node.args[9] if _is_conv_backward(node) and len(node.args) > 9 else node.args[-1]
 
 
+def _rules_with_convolutions(c: dict, convs: list, nodes: list, numbers: dict, flops: dict, kinds: dict,
+                             is_inference: bool, verdict, arg_val, grouped, in_out, small) -> dict:
+    """The rules ``decide_layout_opt`` applies to a graph with convolutions, in its order: the
+    device, how many nodes per convolution, dynamic shapes, then the inference FLOPs or the
+    training rules; the first that decides, as a verdict."""
+    total = sum(flops.values())
+    devices = {getattr(arg_val(n, i), "device", None) for n in convs for i in (0, 1)}
+    device_types = sorted({d.type for d in devices if d is not None})
+    mkldnn = torch.backends.mkldnn.enabled and torch.backends.mkldnn.is_available()
+    numbers["devices"] = "/".join(device_types)
+    numbers["oneDNN"] = "enabled" if mkldnn else ("disabled" if torch.backends.mkldnn.is_available()
+                                                  else "not built")
+    if mkldnn and None not in devices and all(t in T.SUPPORTED_MKLDNN_DEVICES for t in device_types):
+        v = verdict("device rule", True, f"oneDNN is enabled and every convolution runs on "
+                    f"{'/'.join(device_types)} ({'/'.join(T.SUPPORTED_MKLDNN_DEVICES)} always take "
+                    "channels_last), before any other rule", convs)
+    elif len(nodes) >= c["nodes_per_conv"] * len(convs):
+        v = verdict("few convolutions", False, f"{len(convs)} convolutions among {len(nodes)} nodes: "
+                    f"{len(nodes) / len(convs):.0f} nodes per convolution, at least "
+                    f"{c['nodes_per_conv']}", convs)
+    elif any(T.has_free_symbols(arg_val(n, i)) for n in convs for i in (0, 1)
+             if isinstance(arg_val(n, i), torch.Tensor)):
+        v = verdict("dynamic shapes", False, "dynamic shapes: a convolution's input or weight has symbolic sizes",
+                    [n for n in convs if any(isinstance(arg_val(n, i), torch.Tensor)
+                                             and T.has_free_symbols(arg_val(n, i)) for i in (0, 1))])
+    elif is_inference:
+        m = c["multipliers"]
+        weighted = sum(flops.get(k, 0.0) * m[k] for k in m)
+        numbers["weighted FLOPs / FLOPs"] = f"{weighted / total:.3f}" if total else "no FLOPs counted"
+        on = weighted <= total
+        heavy = [n for n in convs if m[kinds[n]] > 1]
+        v = verdict("inference FLOPs passed" if on else "inference FLOPs", on,
+                    f"inference: the convolutions' FLOPs weighted by Inductor's measured channels_last "
+                    f"speed-ups ({', '.join(f'{k} {x}' for k, x in m.items())}) come to "
+                    f"{weighted / total if total else 0:.3f} of the FLOPs, {'at most' if on else 'more than'} 1",
+                    heavy if not on else convs)
+    elif any(map(grouped, convs)):
+        v = verdict("grouped", False, "a grouped convolution with more than one input channel per group",
+                    [n for n in convs if grouped(n)])
+    elif any(map(in_out, convs)):
+        v = verdict("in/out channels", False, f"a convolution with out_channels * {c['in_out_ratio']} <= "
+                    "in_channels and a kernel wider than 1", [n for n in convs if in_out(n)])
+    elif all(map(small, convs)):
+        v = verdict("small channels", False, f"every convolution has at most {c['small_channels']} input and "
+                    "output channels", convs)
+    else:
+        v = verdict("training rules passed", True, "training: no grouped convolution with more than one input "
+                    f"channel per group, none with out_channels * {c['in_out_ratio']} <= in_channels, and not "
+                    f"every convolution at most {c['small_channels']} channels", convs)
+    return v
+
+
 def explain_layout_opt(gm, *, is_inference: bool, decided: bool | None) -> dict:
     """Why ``decide_layout_opt`` decides as it does for the FX graph ``gm``: its rules replayed
     in the running torch's order with its numbers (:data:`._torch.LAYOUT_OPT_CONSTANTS`, checked
@@ -201,49 +253,8 @@ def explain_layout_opt(gm, *, is_inference: bool, decided: bool | None) -> dict:
                    f"torch {torch.__version__}'s rules (a backward graph follows the layouts its forward saved)")
         v = verdict("no convolution", False, why)
     else:
-        devices = {getattr(arg_val(n, i), "device", None) for n in convs for i in (0, 1)}
-        device_types = sorted({d.type for d in devices if d is not None})
-        mkldnn = torch.backends.mkldnn.enabled and torch.backends.mkldnn.is_available()
-        numbers["devices"] = "/".join(device_types)
-        numbers["oneDNN"] = "enabled" if mkldnn else ("disabled" if torch.backends.mkldnn.is_available()
-                                                      else "not built")
-        if mkldnn and None not in devices and all(t in T.SUPPORTED_MKLDNN_DEVICES for t in device_types):
-            v = verdict("device rule", True, f"oneDNN is enabled and every convolution runs on "
-                        f"{'/'.join(device_types)} ({'/'.join(T.SUPPORTED_MKLDNN_DEVICES)} always take "
-                        "channels_last), before any other rule", convs)
-        elif len(nodes) >= c["nodes_per_conv"] * len(convs):
-            v = verdict("few convolutions", False, f"{len(convs)} convolutions among {len(nodes)} nodes: "
-                        f"{len(nodes) / len(convs):.0f} nodes per convolution, at least "
-                        f"{c['nodes_per_conv']}", convs)
-        elif any(T.has_free_symbols(arg_val(n, i)) for n in convs for i in (0, 1)
-                 if isinstance(arg_val(n, i), torch.Tensor)):
-            v = verdict("dynamic shapes", False, "dynamic shapes: a convolution's input or weight has symbolic sizes",
-                        [n for n in convs if any(isinstance(arg_val(n, i), torch.Tensor)
-                                                 and T.has_free_symbols(arg_val(n, i)) for i in (0, 1))])
-        elif is_inference:
-            m = c["multipliers"]
-            weighted = sum(flops.get(k, 0.0) * m[k] for k in m)
-            numbers["weighted FLOPs / FLOPs"] = f"{weighted / total:.3f}" if total else "no FLOPs counted"
-            on = weighted <= total
-            heavy = [n for n in convs if m[kinds[n]] > 1]
-            v = verdict("inference FLOPs passed" if on else "inference FLOPs", on,
-                        f"inference: the convolutions' FLOPs weighted by Inductor's measured channels_last "
-                        f"speed-ups ({', '.join(f'{k} {x}' for k, x in m.items())}) come to "
-                        f"{weighted / total if total else 0:.3f} of the FLOPs, {'at most' if on else 'more than'} 1",
-                        heavy if not on else convs)
-        elif any(map(grouped, convs)):
-            v = verdict("grouped", False, "a grouped convolution with more than one input channel per group",
-                        [n for n in convs if grouped(n)])
-        elif any(map(in_out, convs)):
-            v = verdict("in/out channels", False, f"a convolution with out_channels * {c['in_out_ratio']} <= "
-                        "in_channels and a kernel wider than 1", [n for n in convs if in_out(n)])
-        elif all(map(small, convs)):
-            v = verdict("small channels", False, f"every convolution has at most {c['small_channels']} input and "
-                        "output channels", convs)
-        else:
-            v = verdict("training rules passed", True, "training: no grouped convolution with more than one input "
-                        f"channel per group, none with out_channels * {c['in_out_ratio']} <= in_channels, and not "
-                        f"every convolution at most {c['small_channels']} channels", convs)
+        v = _rules_with_convolutions(c, convs, nodes, numbers, flops, kinds, is_inference, verdict, arg_val,
+                                     grouped, in_out, small)
     why = v["why"]
     if problems:
         why += (f" (this torch's decide_layout_opt lacks the numbers {', '.join(problems)} that auditor's replay "

@@ -1,0 +1,82 @@
+"""What the join variants read of a cause's line: its recorded events, the format of its
+tensors, and a convolution weight its code can reach (the format the model runs in)."""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import torch
+
+from ..._recording._formats import AMBIGUOUS
+from .._proposal import CauseView, module_expr
+
+
+def line_events(c: CauseView) -> list[int]:
+    """The forward events recorded at the cause's line (those of its forward op's line)."""
+    view = c.view
+    return [int(x) for x in np.flatnonzero((view.phase == "forward") & (view.source == view.source[c.forward]))]
+
+
+#: the ops a reshape into a map is recorded as (a view, or the view after the copy it makes)
+RESHAPES = ("aten.view.", "aten._unsafe_view.", "aten.reshape.")
+
+
+#: the ops a reshape or view is recorded as (a reshape that copies: a clone, then this)
+VIEWS = ("aten.view.default", "aten._unsafe_view.default")
+
+
+def in_format(c: CauseView, x: int) -> bool:
+    """Whether event ``x``'s first input is a map dense in the format (its channels innermost)."""
+    rows = c.tracer.input_rows(x)
+    return bool(rows) and row_in_format(c, rows[0])
+
+
+def row_in_format(c: CauseView, row: int) -> bool:
+    """Whether tensor ``row`` is a map of the images' rank dense in the format (its recorded
+    label: contiguous in the format, alone or with the other one)."""
+    return str(c.view.tensors["format"].iat[row]) in (c.cl_name, AMBIGUOUS)
+
+
+def weight_in_reach(c: CauseView, fns: list[types.FunctionType], at: int | None = None) -> str | None:
+    """A convolution weight the cause's line (or event ``at``'s line) can read as
+    ``self.<path>.weight``: of a convolution that ran inside the module the line ran in (the
+    one the map feeds first, else the one that made its input, else any), where the line is in
+    a method of that module. Its layout is the format the model runs in."""
+    e = c.forward if at is None else at
+    view = c.view
+    own, own_type = (c.module, c.module_type) if at is None else (view.module[e], view.ops["module_type"].iat[e])
+    if not fns or not all(method_of(fn, str(own_type)) for fn in fns):
+        return None
+    own = str(own)
+    prefix = "" if own in ("", "<root>") else own + "."
+    inside = [int(x) for x in np.flatnonzero(view.is_conv & (view.phase == "forward"))
+              if str(view.module[int(x)]).startswith(prefix) and str(view.module[int(x)]) not in ("", "<root>")]
+    if not inside:
+        return None
+    down, up = view.downstream_convs(e), view.upstream_convs(e)
+    chosen = next((x for x in inside if x in down), None) or next((x for x in reversed(inside) if x in up), None) \
+        or inside[0]
+    path = str(view.module[chosen])[len(prefix):]
+    if not all(p.isidentifier() or p.isdigit() for p in path.split(".")):
+        return None
+    return module_expr(path, root="self") + ".weight"
+
+
+def method_of(fn: types.FunctionType, module_type: str) -> bool:
+    """Whether ``fn`` is a method of the module class named ``module_type`` (or of a class it
+    derives from), so that its ``self`` is the module the line's ops were recorded in: a line
+    in a method of a plain object a module calls (RAFT's CorrBlock) has another ``self``."""
+    if fn.__code__.co_varnames[:1] != ("self",):
+        return False
+    owner = fn.__globals__.get(fn.__qualname__.split(".<locals>")[-1].rpartition(".")[0])
+    if not isinstance(owner, type) or not issubclass(owner, torch.nn.Module):
+        return False
+    seen, todo = set(), [owner]
+    while todo:
+        k = todo.pop()
+        if k.__name__ == module_type:
+            return True
+        seen.add(k)
+        todo += [s for s in k.__subclasses__() if s not in seen]
+    return False
