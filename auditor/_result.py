@@ -170,7 +170,7 @@ class Audit:
         """A one-screen text report: totals, the ``top`` causes with their symptoms folded under
         them, and the modules at ``depth`` that cost most (by default 1, or deeper while one
         module, a model's single trunk, holds every hotspot); then, for a compiled audit, the
-        compiled step. ``verification``: ``Fixes.verify()``'s table, whose measured savings are
+        compiled step. ``verification``: the verification table of ``Fixes.verify()`` (its ``verification``), whose measured savings are
         shown beside the estimates."""
         depth = trunk_depth(self.ops()) if depth is None else depth
         text = audit_report(self.ops(), self.hotspots(), self.summary(depth), self.causes(), complete=self.complete,

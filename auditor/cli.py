@@ -252,7 +252,7 @@ class ModelAudit:
     fixes: str | None
     trace: bool = False  # write trace.json
     suggested: auditor.Fixes | None = None  # with --fix: writes fixes.patch
-    verified: object = None  # with --verify: Fixes.verify()'s table, written as verify.csv
+    verified: object = None  # with --verify: the verification of Fixes.verify(), written as verify.csv
     html: bool = False  # write report.html
     top: int = 10
     title: str = ""

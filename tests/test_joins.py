@@ -517,8 +517,8 @@ def test_a_product_transposed_where_a_weight_is_channels_last_and_a_cause_its_fi
     assert labels[0] == "the product computed transposed"
     assert labels[1].startswith("the product computed transposed where self.qkvs[") and labels[1].endswith(
         "].weight is channels_last")
-    fixes = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=2).set_index("fix")
-    table = fixes.verification
+    fixes = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=2)
+    table = fixes.verification.set_index("fix")
     assert table.loc[product, "applied"] and table.loc[product, "hotspots_after"] == 0
     assert table.loc[product, "reason"].startswith(f"candidate {labels[1]} proved")
     removed = table.loc[cat]
@@ -542,7 +542,9 @@ def test_a_proved_candidate_that_raises_with_the_other_fixes_is_taken_back(monke
     torch.manual_seed(0)
     model, x, fixes = _fixes(CascadedHeads(), torch.randn(2, 3, 8, 8))
     product = int(fixes.frame.loc[fixes.frame["line"].str.contains("@", regex=False), "fix"].iloc[0])
-    together = type(fixes)._verify_all
+    from auditor._fix._prove import Proof
+
+    together = Proof._verify_all
     calls = []
 
     def clash(self, *args, **kwargs):
@@ -550,9 +552,9 @@ def test_a_proved_candidate_that_raises_with_the_other_fixes_is_taken_back(monke
         if calls[-1]:
             raise RuntimeError("The expanded size of the tensor (1) must match the existing size (2)")
         return together(self, *args, **kwargs)
-    monkeypatch.setattr(type(fixes), "_verify_all", clash)
-    fixes = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=2).set_index("fix")
-    table = fixes.verification
+    monkeypatch.setattr(Proof, "_verify_all", clash)
+    fixes = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=2)
+    table = fixes.verification.set_index("fix")
     assert calls == [True, False]
     row = fixes.frame.set_index("fix").loc[product]
     assert not row["automatic"] and row["suggestion"] == ""

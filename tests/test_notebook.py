@@ -161,7 +161,8 @@ torch.manual_seed(0)
 model = nn.Sequential(nn.Conv2d(3, 8, 1), Block(8)).to(memory_format=torch.channels_last)
 x = torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last)
 fixes = auditor.suggest_fixes(auditor.audit(model, x))
-v = fixes.verify(model, x, rounds=2, max_rounds=2, budget_s=1.0)
+fixes = fixes.verify(model, x, rounds=2, max_rounds=2, budget_s=1.0)
+v = fixes.verification
 fixes.apply(model)
 print(json.dumps({"fixes": fixes.frame[["source", "automatic", "suggestion"]].values.tolist(),
                   "verify": v[["kind", "applied", "same_outputs", "hotspots_after"]].astype(str).values.tolist(),

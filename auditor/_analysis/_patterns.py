@@ -5,8 +5,8 @@ from names of models or modules): what happened, the one-line remedy the docs' t
 the fix text a cause carries, and what the timing model puts in place of the cause's own ops.
 Adding a pattern is one :func:`register_pattern` call here, the tracer's rule that emits it
 (:meth:`auditor._analysis._causes.CauseTracer.pattern`) and one
-:func:`auditor._fix._generators.register_fix` for its generator, in the module that holds the
-generators' registry; ``tests/test_causes.py`` checks that every pattern the tracer can emit is
+generator declared in :mod:`auditor._fix._variants` and registered with
+:func:`auditor._fix._registry.register_fix` in its family's module; ``tests/test_causes.py`` checks that every pattern the tracer can emit is
 complete, and the docs' pattern table
 is generated from this registry (``docs/hooks.py``). The registry is internal: detection is
 the tracer's code, so a pattern registered from outside would never be emitted.

@@ -119,7 +119,7 @@ def _code_html(r: dict) -> str:
 
 
 def verification_text(frame: pd.DataFrame) -> str:
-    """``Fixes.verify()``'s table as text: per fix, whether it was made, its cause's hotspot
+    """The verification table of ``Fixes.verify()`` (its ``verification``) as text: per fix, whether it was made, its cause's hotspot
     groups before and after, whether the outputs and gradients stayed the same, and the step's
     time measured beside the audit's estimate."""
     if frame.empty:
@@ -162,7 +162,7 @@ def verification_text(frame: pd.DataFrame) -> str:
 
 
 def verification_html(frame: pd.DataFrame) -> str:
-    """``Fixes.verify()``'s table as HTML: one row per fix, the measured saving beside the
+    """The verification table of ``Fixes.verify()`` (its ``verification``) as HTML: one row per fix, the measured saving beside the
     estimate."""
     if frame.empty:
         return header_html(["Verified fixes: none (no fixes)."])

@@ -57,7 +57,7 @@ def audit_report(ops: pd.DataFrame, hot: pd.DataFrame, summary: pd.DataFrame, ca
     ``ops``, ``hot``, ``summary`` and ``causes`` are :func:`~auditor._analysis.ops_table`,
     :func:`~auditor._analysis.hotspots`, :func:`~auditor._analysis.summary` and
     :func:`~auditor._analysis.cause_table` of one audit (without causes, the hotspot groups are
-    listed on their own). ``verified``: ``Fixes.verify()``'s table, once the fixes were verified:
+    listed on their own). ``verified``: the verification table of ``Fixes.verify()`` (its ``verification``), once the fixes were verified:
     each cause then leads with its measured saving, the estimate beside it. ``threads``: the
     intra-op threads the times were taken at (``Audit.threads``), said in the head. ``kernels``:
     a fake audit's ``Audit.kernels``, said in the head (:func:`kernel_lines`). ``step_time``: how

@@ -105,7 +105,7 @@ class Fixes:
         get their automatic fixes made too, round after round until no new cause appears (at
         most ``max_rounds`` rounds in all): found by auditing a copy of the fixed ``model`` on
         ``inputs`` (the step options as :func:`auditor.audit`), or, without ``inputs``, those
-        the last :meth:`verify` found with the same automatic fixes. The first round is always
+        the :meth:`verify` that returned these fixes found with the same automatic fixes. The first round is always
         the fixes asked for; the rounds after it only add fixes of causes not seen before.
 
         Returns one row per fix made or tried: ``round`` (1 for these fixes, 2 and on for the
@@ -155,7 +155,7 @@ class Fixes:
         return [(r.fixes, list(r.automatic)) for r in found if r.automatic]
 
     def _found_by_verify(self, numbers: list[int]) -> list[tuple[Fixes, list[int]]]:
-        """The exposed fixes the last :meth:`verify` made with every automatic fix, where those
+        """The exposed fixes the :meth:`verify` that returned these fixes made with every automatic fix, where those
         are the automatic ones among ``numbers`` (a fix by hand is made by neither): what it
         found holds only for the same fixes."""
         made, found = self._verified_rounds

@@ -284,7 +284,7 @@ class RecorderMode(TorchDispatchMode):
     # A tensor's identity is ``weakref.ref(t)``: CPython hands back the one plain reference an
     # object already has, so it is a C call with no table; the log keeps each reference alive,
     # so a new tensor at a dead one's address (a reused ``id()``) gets a reference of its own.
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: C901  (the hot path: one call per aten op, kept flat on purpose)
         prior = _set_eval_frame(None)  # keep Dynamo out of the recorder (see _should_skip_dynamo)
         seq = len(self.events)  # before anything that can raise: the finally reads it
         try:

@@ -24,7 +24,7 @@ def _slice_fix(c: CauseView) -> Proposal:
                                  "of a split or chunk, for the part that is not used, and no rewrite of the line keeps "
                                  "the format")
     found = statement_edit(c, split_the_channels)
-    if found.automatic or c.path is None or not found.reason.startswith(_NOT_A_PARTITION):
+    if found.automatic or c.path is None or found.refused is not NotAPartition:
         return found  # the statement has no slices of one tensor to take together with others
     return statements_edit(c, split_the_channels, found, span=_SLICE_SPAN)
 
@@ -33,8 +33,9 @@ def _slice_fix(c: CauseView) -> Proposal:
 _SLICE_SPAN = 4
 
 
-#: how the split rewrite refuses slices of one tensor that, on their statement alone, do not cut all its channels
-_NOT_A_PARTITION = "the slices do not cut the channels into consecutive parts"
+class NotAPartition(syn.Refused):
+    """Slices of one tensor that, on their statement alone, do not cut all its channels: the
+    statements around it may."""
 
 
 #: ops whose backward writes zeros for the parts that are not used (PyTorch's own)
@@ -95,7 +96,7 @@ def split_the_channels(module: cst.Module, facts: syn.Facts) -> cst.Module:
         upper = bounds[start][1]
         start = next((i for i in left if upper is not None and bounds[i][0] == upper), None)
     if not chain or left or bounds[chain[-1]][1] is not None:
-        raise syn.Refused("the slices do not cut the channels into consecutive parts that cover them all: the part not "
+        raise NotAPartition("the slices do not cut the channels into consecutive parts that cover them all: the part not "
                       "used would get contiguous zeros from PyTorch's own backward of a split too")
     if _statement_count(module) > 1:
         read = {n.value for p in parts for n in syn.find(p, lambda n: isinstance(n, cst.Name))}
