@@ -930,3 +930,17 @@ def test_the_registry_binds_every_declared_fix_in_the_declared_order(monkeypatch
     monkeypatch.setattr(_variants, "GENERATORS", _variants.GENERATORS + (extra,))
     with pytest.raises(RuntimeError, match="declared fixes without code: declared only"):
         _registry._load()
+
+
+def test_the_docs_list_every_declared_fix_in_the_declared_order():
+    """The cause patterns page holds the generated table of the fixes (docs/hooks.py), one row
+    per declared fix, in the declared order."""
+    import importlib.util
+
+    root = TESTS.parent
+    assert "<!-- generated: fixes -->" in (root / "docs" / "concepts" / "patterns.md").read_text()
+    spec = importlib.util.spec_from_file_location("_docs_hooks", root / "docs" / "hooks.py")
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    rows = [line.split(" | ")[0].removeprefix("| ") for line in hooks.fixes_table().splitlines()[2:]]
+    assert rows == [d.name for d in _variants.GENERATORS + _variants.VARIANTS]
