@@ -142,8 +142,8 @@ def benchmarks_list() -> str:
     return "\n".join(rows)
 
 
-GENERATORS = {"patterns": patterns_table, "fixes": fixes_table, "cli-help": cli_help, "public-names": public_names_table,
-              "benchmarks": benchmarks_list}
+GENERATORS = {"patterns": patterns_table, "fixes": fixes_table, "cli-help": cli_help,
+              "public-names": public_names_table, "benchmarks": benchmarks_list}
 
 
 def on_pre_build(config, **kwargs):
