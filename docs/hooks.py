@@ -2,6 +2,8 @@
 
 - ``<!-- generated: patterns -->``: the cause patterns, from the registry
   (``auditor/_analysis/_patterns.py``, loaded by path: building the site does not import torch);
+- ``<!-- generated: fixes -->``: the fix generators and the variants of a family's fix, in the
+  order they are tried, from their declarations (``auditor/_fix/_variants.py``, loaded by path);
 - ``<!-- generated: cli-help -->``: ``format-audit --help`` (``format_auditor_cli`` imports no torch);
 - ``<!-- generated: public-names -->``: every public name with the first line of its docstring;
 - ``<!-- generated: benchmarks -->``: each benchmark script with the first paragraph of its docstring.
@@ -44,6 +46,21 @@ def patterns_table() -> str:
     patterns = _load("_auditor_patterns", ROOT / "auditor" / "_analysis" / "_patterns.py")
     rows = ["| pattern | what happened | the one-line fix |", "| --- | --- | --- |"]
     rows += [f"| `{p.name}` | {p.happened} | {p.remedy} |" for p in patterns.PATTERNS.values()]
+    return "\n".join(rows)
+
+
+def fixes_table() -> str:
+    """The declared fixes as a Markdown table, in the order they are tried: each generator with
+    the patterns it fixes, then each variant with the family (pattern) whose fix it is, and what
+    each changes."""
+    declared = _load("_auditor_fix_variants", ROOT / "auditor" / "_fix" / "_variants.py")
+
+    def patterns(names) -> str:
+        return ", ".join(f"`{p}`" for p in names)
+
+    rows = ["| fix | tried for | what it changes |", "| --- | --- | --- |"]
+    rows += [f"| {d.name} | {patterns(d.patterns)} | {d.does} |" for d in declared.GENERATORS]
+    rows += [f"| {d.name} | a variant, for {patterns(d.patterns)} | {d.does} |" for d in declared.VARIANTS]
     return "\n".join(rows)
 
 
@@ -125,8 +142,8 @@ def benchmarks_list() -> str:
     return "\n".join(rows)
 
 
-GENERATORS = {"patterns": patterns_table, "cli-help": cli_help, "public-names": public_names_table,
-              "benchmarks": benchmarks_list}
+GENERATORS = {"patterns": patterns_table, "fixes": fixes_table, "cli-help": cli_help,
+              "public-names": public_names_table, "benchmarks": benchmarks_list}
 
 
 def on_pre_build(config, **kwargs):
