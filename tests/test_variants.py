@@ -802,16 +802,6 @@ def test_the_product_transposed():
         _candidate_is_exact(s, n, candidate)
 
 
-#: the body of an ``if`` a chain's rewrite adds is indented twice the statement's own indentation
-#: (16 spaces under a statement at 8), where the file indents by 4
-_CHAIN_INDENT = pytest.mark.xfail(
-    strict=True, raises=TextDiffers,
-    reason="auditor/_fix/_generators/_join_chains.py _chain_in_branch: the new if/else's blocks take the parsed "
-           "module's default indent, which the statement's own indentation sets (syn.WRAPPER), so their bodies "
-           "sit 16 spaces in under an if at 8")
-
-
-@_CHAIN_INDENT
 @pytest.mark.fix_variant("a chain of reshapes")
 def test_a_chain_of_reshapes():
     """Tried only where no variant before it has a candidate: here the only one."""
@@ -843,7 +833,6 @@ def test_the_new_tensor_meets_an_image():
     _candidate_is_exact(s, n, candidate)
 
 
-@_CHAIN_INDENT
 @pytest.mark.fix_variant("a chain read in memory order")
 def test_a_chain_read_in_memory_order():
     """A candidate of the region fix of a reshape that merges C (pattern reshape_merge)."""

@@ -357,9 +357,12 @@ def _chain_in_branch(text: str, test: Callable[[syn.Facts, str], str]) -> Callab
             name = target
         branch = cst.parse_statement(f"if {test(facts, name)}:\n    {target} = {text}\nelse:\n    pass\n")
         first = nodes[0]
+        # the new blocks one level in (the parsed statement's own indentation is the module's default)
+        unit = "\t" if module.default_indent.startswith("\t") else "    "
         branch = branch.with_changes(leading_lines=first.leading_lines,
+                                     body=branch.body.with_changes(indent=unit),
                                      orelse=branch.orelse.with_changes(body=branch.orelse.body.with_changes(
-                                         body=[first.with_changes(leading_lines=[]), *nodes[1:]])))
+                                         indent=unit, body=[first.with_changes(leading_lines=[]), *nodes[1:]])))
         new_body = [*before, branch]
         if before:
             new_body[0] = new_body[0].with_changes(leading_lines=first.leading_lines)
