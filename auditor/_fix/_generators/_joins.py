@@ -31,10 +31,10 @@ def _joins_fix(c: CauseView) -> Proposal:
         labels = "; ".join(x.label for x in candidates)
         return Proposal(EditSource, c.row.fix, line=candidates[0].line, candidates=tuple(candidates),
                         reason=f"{len(candidates)} candidate rewrite{'s' * (len(candidates) > 1)} ({labels}) "
-                                 "exact only for some shapes: Fixes.verify(model, *inputs) proves one on this model "
-                                 "or drops them")
+                               "exact only for some shapes: Fixes.verify(model, *inputs) proves one on this model "
+                               "or drops them")
     return Proposal(EditSource, c.row.fix, line=line, reason=f"{_made_from(c)} at {at}, and no rewrite of its "
-                                                         "statement is known to make it a map in the format")
+                                                       "statement is known to make it a map in the format")
 
 
 def _join_candidates(c: CauseView) -> list[Candidate]:

@@ -29,11 +29,11 @@ def _mixed_join_fix(c: CauseView) -> Proposal:
     if not odd or ref is None:
         line = c.source_line()
         return Proposal(EditSource, detail, line=line,
-                          reason="the calls at this line join tensors in different formats at different places, so no "
-                                 "one of them can be converted at the line")
+                        reason="the calls at this line join tensors in different formats at different places, so no "
+                               "one of them can be converted at the line")
     if c.path is None:
         return Proposal(EditSource, f"{detail} (audit with record_source=True for the line)",
-                          reason="the audit has no source line (audit with record_source=True)")
+                        reason="the audit has no source line (audit with record_source=True)")
     found = candidate(c, "the odd tensor converted to the others' format", _convert_joined(odd, ref))
     if found is None:
         line = linecache.getline(c.path, c.lineno).rstrip("\n")

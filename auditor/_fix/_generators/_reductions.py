@@ -68,10 +68,10 @@ def _broadcast_fix(c: CauseView) -> Proposal:
         return statement_edit(c, broadcast_the_map)
     shape = f"{ins[0]}: " if ins else ""
     return Proposal(EditSource, f"{c.what}: its input is both formats at once, and PyTorch writes the op's output "
-                            "contiguous",
-                      line=c.source_line(),
-                      reason=_AMBIGUOUS_REASON.format(op=("the backward of " if c.forward != c.e else "")
-                                                      + op.removeprefix("aten."), shape=shape, cl=c.cl_name))
+                          "contiguous",
+                    line=c.source_line(),
+                    reason=_AMBIGUOUS_REASON.format(op=("the backward of " if c.forward != c.e else "")
+                                                    + op.removeprefix("aten."), shape=shape, cl=c.cl_name))
 
 
 #: why an op of an input that is both formats at once, other than an interpolation, is by hand

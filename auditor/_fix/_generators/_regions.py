@@ -25,7 +25,7 @@ def _region_fix(c: CauseView) -> Proposal | None:
     candidates = [x for _, detect in variants(c.pattern) for x in detect(c, None) if x is not None] \
         if merge and c.path else []
     return Proposal(KeepContiguous, f"{why}: {c.what}; run the convolutions around it contiguous so no copy is "
-                                    "needed (or let auditor.plan_layout measure whether that pays)",
+                                  "needed (or let auditor.plan_layout measure whether that pays)",
                     suggestion=f"auditor.keep_contiguous(model, [{names}])", change=KeepContiguous(region, added),
                     candidates=tuple(candidates),
                     proved_detail=f"{why}: {c.what}; read the map in its memory order" if candidates else "")

@@ -61,11 +61,11 @@ def _channel_shuffle_fix(c: CauseView) -> Proposal:
             except (syn.Refused, ParserSyntaxError):
                 pass
             return Proposal(EditSource, detail, line=statement.text.rstrip("\n"), suggestion=new.rstrip("\n"),
-                              change=edit_of(statement, shuffle_by_torch, facts))
+                            change=edit_of(statement, shuffle_by_torch, facts))
     except syn.Refused as exc:
         reason = str(exc)
     return Proposal(EditSource, detail, line=line, reason=f"{reason}: replace the shuffle by {suggestion} by hand",
-                      suggestion=suggestion)
+                    suggestion=suggestion)
 
 
 #: how many statements a channel shuffle written by hand may take (split, swap, copy, merge, return)

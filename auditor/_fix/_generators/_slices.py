@@ -20,9 +20,9 @@ from .._statements import (
 def _slice_fix(c: CauseView) -> Proposal:
     if c.tracer.op[c.forward].startswith(SPLITS):
         return Proposal(EditSource, c.row.fix, line=c.source_line(),
-                          reason="the channels are split already: the contiguous zeros come from PyTorch's own backward "
-                                 "of a split or chunk, for the part that is not used, and no rewrite of the line keeps "
-                                 "the format")
+                        reason="the channels are split already: the contiguous zeros come from PyTorch's own backward "
+                               "of a split or chunk, for the part that is not used, and no rewrite of the line keeps "
+                               "the format")
     found = statement_edit(c, split_the_channels)
     if found.automatic or c.path is None or found.refused is not NotAPartition:
         return found  # the statement has no slices of one tensor to take together with others

@@ -137,6 +137,6 @@ def _conv_weight_fix(c: CauseView) -> Proposal:
     modules = c.member_modules()
     more = f"  # and {len(modules) - 1} more like it" if len(modules) > 1 else ""
     return Proposal(ConvertWeights, f"{c.module} stores its weight in another format than it computes in and permutes it "
-                              f"every step ({c.what}); store it {c.cl_name}",
-                      suggestion=f"auditor.convert_conv{c.rank - 2}d_weight_memory_format({module_expr(c.module)}, "
-                                 f"torch.{c.cl_name}){more}", change=ConvertWeights(tuple(modules)))
+                            f"every step ({c.what}); store it {c.cl_name}",
+                    suggestion=f"auditor.convert_conv{c.rank - 2}d_weight_memory_format({module_expr(c.module)}, "
+                               f"torch.{c.cl_name}){more}", change=ConvertWeights(tuple(modules)))
