@@ -740,6 +740,46 @@ def test_a_join_of_mixed_formats_is_no_missing_kernel_and_its_fix_converts_the_o
     assert fix["contiguous_hotspots_after"] <= fix["contiguous_hotspots_before"]  # layout-neutral
 
 
+class CoordinatesJoined(nn.Module):
+    """Coordinate maps of one channel, expanded over the batch and W (stride 0), joined to a map in
+    the format: either format by their channel count, neither by their strides."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem, self.conv = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(10, 8, 3, padding=1)
+
+    def forward(self, x):
+        f = self.stem(x)
+        n, _, h, w = f.shape
+        ys = torch.linspace(-1, 1, h).view(1, 1, h, 1).expand(n, 1, h, w)
+        xs = torch.linspace(-1, 1, w).view(1, 1, 1, w).expand(n, 1, h, w)
+        f = torch.cat([f, ys, xs], dim=1)
+        return self.conv(f)
+
+
+def test_a_join_with_a_map_expanded_over_its_width_is_a_mixed_join_whose_fix_converts_it():
+    """A map of one channel is labelled either format, but its strides are channels_last's only
+    where it is dense: expanded (stride 0) it is neither, and ``cat`` writes contiguous for it.
+    That is a join of mixed formats, fixed by converting the expanded maps, not a missing kernel
+    (whose last resort was a region kept contiguous)."""
+    model, x = CoordinatesJoined().to(memory_format=CL), torch.randn(2, 3, 8, 8).to(memory_format=CL)
+    a = auditor.audit(model, x, record_time=False)
+    assert list(a.causes()["pattern"]) == ["mixed_join"]
+    fixes = auditor.suggest_fixes(a)
+    row = fixes.frame.iloc[0]
+    assert row["automatic"] and "f.contiguous(" not in row["suggestion"], row["reason"]
+    assert "ys.contiguous(memory_format=torch.channels_last if f.is_contiguous(memory_format=torch.channels_last)" \
+        in row["suggestion"] and "xs.contiguous(" in row["suggestion"]
+    torch.manual_seed(0)
+    expected = model(x)
+    fixes.apply(model, exposed=False)
+    try:
+        assert torch.equal(model(x), expected)
+        assert auditor.audit(model, x, record_time=False).causes().empty
+    finally:
+        fixes.undo()
+
+
 def test_a_cat_whose_inputs_all_keep_the_format_keeps_it():
     class AllInFormat(nn.Module):
         def __init__(self):

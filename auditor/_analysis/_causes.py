@@ -114,7 +114,20 @@ class CauseTracer:
         out = self.output_row(e)
         if not any(f in _CL for f in formats) or out < 0 or base_format(self.label[out]) in _CL:
             return []
-        return [r for r, f in zip(rows, formats) if f in ("contiguous", "other")]
+        return [r for r, f in zip(rows, formats) if f in ("contiguous", "other")
+                or (f not in _CL and not self._dense_in_the_format(r))]
+
+    def _dense_in_the_format(self, r: int) -> bool:
+        """Whether tensor ``r``'s recorded strides are channels_last(_3d) to torch, which its
+        label cannot say where it is ambiguous: a map of one channel expanded over H or W
+        (stride 0) is either format by its channels and neither by its strides, and a join
+        writes the other format for it."""
+        shape = parse_tuple(self.shape[r])
+        strides = parse_tuple(str(self.view.tensors["strides"].iat[r]))
+        if len(shape) not in (4, 5) or len(strides) != len(shape):
+            return True
+        meta = torch.empty_strided(shape, strides, device="meta")
+        return meta.is_contiguous(memory_format=torch.channels_last if len(shape) == 4 else torch.channels_last_3d)
 
     def output_row(self, e: int) -> int:
         """The row of ``e``'s first output; -1 without one."""
