@@ -73,10 +73,20 @@ FIXED_CATEGORIES: dict[str, tuple[str, ...]] = {
 _FIXED_DTYPES = {name: pd.CategoricalDtype(list(cats)) for name, cats in FIXED_CATEGORIES.items()}
 
 
-def _dtype(name: str, unique_values) -> pd.CategoricalDtype:
-    """The column's categorical dtype: its fixed vocabulary, or its sorted values."""
-    fixed = _FIXED_DTYPES.get(name)
-    return fixed if fixed is not None else pd.CategoricalDtype(sorted(set(unique_values)))
+#: categorical dtypes by their categories: a recording of the same model makes the same ones
+#: (its shapes, strides, modules, ops), and pandas checks every new dtype's categories again
+_DTYPES: dict[tuple, pd.CategoricalDtype] = {}
+_MAX_DTYPES = 512
+
+
+def _cached_dtype(categories: tuple) -> pd.CategoricalDtype:
+    """The categorical dtype of these (sorted, distinct) categories, made once per process."""
+    dtype = _DTYPES.get(categories)
+    if dtype is None:
+        if len(_DTYPES) >= _MAX_DTYPES:
+            _DTYPES.clear()
+        dtype = _DTYPES[categories] = pd.CategoricalDtype(list(categories))
+    return dtype
 
 
 def _with_codes(codes: np.ndarray, dtype: pd.CategoricalDtype) -> pd.Categorical:
@@ -98,8 +108,10 @@ def categorical(values, name: str) -> pd.Categorical:
 
 def _from_codes(unique_values: list, codes: np.ndarray, name: str) -> pd.Categorical:
     """A categorical from per-row codes into ``unique_values``, with the schema's categories."""
-    dtype = _dtype(name, unique_values)
-    where = {c: i for i, c in enumerate(dtype.categories)}
+    fixed = FIXED_CATEGORIES.get(name)
+    cats = fixed if fixed is not None else tuple(sorted(set(unique_values)))
+    dtype = _FIXED_DTYPES[name] if fixed is not None else _cached_dtype(cats)
+    where = {c: i for i, c in enumerate(cats)}  # the Python values: iterating pandas' categories is slow
     remap = np.array([where[v] for v in unique_values] + [-1], dtype=np.int32)
     return _with_codes(remap[codes] if len(codes) else np.asarray(codes, dtype=np.int32), dtype)
 
@@ -113,14 +125,14 @@ def _factorize(values) -> tuple[list, np.ndarray]:
 
 def _first_seen(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Integer keys -> (the row where each distinct key first occurs, in first-seen order;
-    each row's code into that order), vectorised."""
+    each row's code into that order), by hashing (``pd.factorize`` numbers keys as first seen)."""
     if not len(ids):
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
-    order = np.argsort(first)
-    rank = np.empty_like(order)
-    rank[order] = np.arange(len(order))
-    return first[order], rank[inverse.ravel()]
+    codes, uniques = pd.factorize(ids)
+    first = np.empty(len(uniques), dtype=np.int64)
+    rows = np.arange(len(ids), dtype=np.int64)
+    first[codes[::-1]] = rows[::-1]  # the last write to each code is its first row
+    return first, codes.astype(np.int64, copy=False)
 
 
 def build_frames(raw: RawLog) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -137,19 +149,18 @@ def build_frames(raw: RawLog) -> tuple[pd.DataFrame, pd.DataFrame]:
     rows = _TensorRows(raw.tensors)
     layouts = _Layouts(raw.layouts)
     args, arg_code, is_view = _slot_facts(ops, op_code, np.array(copied, dtype=bool), rows)
-    tensors = pd.DataFrame(
-        {
-            "seq": rows.seq,
-            "role": _with_codes(rows.role, _FIXED_DTYPES["role"]),
-            "position": rows.position,
-            "item": rows.item,
-            "arg": _from_codes(args, arg_code, "arg"),
-            "tid": rows.tid.astype(np.int32),
-            **layouts.columns(rows.layout),
-            "is_param": rows.is_param,
-            "is_view": is_view,
-        }
-    )[list(TENSOR_COLUMNS)]
+    columns = {
+        "seq": rows.seq,
+        "role": _with_codes(rows.role, _FIXED_DTYPES["role"]),
+        "position": rows.position,
+        "item": rows.item,
+        "arg": _from_codes(args, arg_code, "arg"),
+        "tid": rows.tid.astype(np.int32),
+        **layouts.columns(rows.layout),
+        "is_param": rows.is_param,
+        "is_view": is_view,
+    }
+    tensors = pd.DataFrame({name: columns[name] for name in TENSOR_COLUMNS})  # in the schema's order
     in_format, out_format = _first_labels(n, rows, len(layouts.label))
     module_code, module_raw = pd.factorize(np.array([label[0] for label in labels], dtype=object))
     mod_map = module_names(module_raw, raw.module_types)
