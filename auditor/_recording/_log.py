@@ -160,7 +160,9 @@ def build_frames(raw: RawLog) -> tuple[pd.DataFrame, pd.DataFrame]:
         "is_param": rows.is_param,
         "is_view": is_view,
     }
-    tensors = pd.DataFrame({name: columns[name] for name in TENSOR_COLUMNS})  # in the schema's order
+    # in the schema's order; every column is an array made here for this frame alone, so pandas
+    # need not copy it
+    tensors = pd.DataFrame({name: columns[name] for name in TENSOR_COLUMNS}, copy=False)
     in_format, out_format = _first_labels(n, rows, len(layouts.label))
     module_code, module_raw = pd.factorize(np.array([label[0] for label in labels], dtype=object))
     mod_map = module_names(module_raw, raw.module_types)
@@ -190,7 +192,8 @@ def build_frames(raw: RawLog) -> tuple[pd.DataFrame, pd.DataFrame]:
             "compiled": np.isin(np.arange(n), raw.compiled),
             "rank": np.full(n, raw.rank, dtype=np.int16),
             "world_size": np.full(n, raw.world_size, dtype=np.int16),
-        }
+        },
+        copy=False,
     )
     return events, tensors
 
@@ -202,14 +205,16 @@ class _TensorRows:
         f = TENSOR_FIELDS
         m = len(flat) // f
         self.count = m
-        self.seq = np.array(flat[0::f], dtype=np.int32)
-        self.role = np.array(flat[1::f], dtype=np.int8)
-        self.position = np.array(flat[2::f], dtype=np.int8)
-        self.item = np.array(flat[3::f], dtype=np.int16)
-        # one weak reference per tensor, kept alive by the log: its id() is the tensor's identity
-        self.tid = _first_seen(np.fromiter(map(id, flat[4::f]), dtype=np.int64, count=m))[1]
-        self.layout = np.array(flat[5::f], dtype=np.int64)
-        self.is_param = np.array(flat[6::f], dtype=bool)
+        self.seq = np.fromiter(flat[0::f], dtype=np.int32, count=m)
+        self.role = np.fromiter(flat[1::f], dtype=np.int8, count=m)
+        self.position = np.fromiter(flat[2::f], dtype=np.int8, count=m)
+        self.item = np.fromiter(flat[3::f], dtype=np.int16, count=m)
+        # one weak reference per tensor, kept alive by the log: its id() is the tensor's identity,
+        # numbered as first seen
+        self.tid = pd.factorize(np.fromiter(map(id, flat[4::f]), dtype=np.int64, count=m))[0] if m else \
+            np.zeros(0, dtype=np.int64)
+        self.layout = np.fromiter(flat[5::f], dtype=np.int64, count=m)
+        self.is_param = np.fromiter(flat[6::f], dtype=bool, count=m)
 
 
 class _Layouts:
