@@ -261,8 +261,7 @@ def _slot_facts(ops: list, op_code: np.ndarray, copied: np.ndarray, rows: _Tenso
     dims = (max(1, len(ops)), 2, int(rows.position.max()) + 2, 2, 2)
     slot_key = np.ravel_multi_index(
         (op_code[rows.seq], rows.role, rows.position + 1, rows.item >= 0, copied[rows.seq]), dims)
-    slots, slot = np.unique(slot_key, return_inverse=True)
-    slot = slot.ravel()
+    slot, slots = pd.factorize(slot_key)  # hashing: np.unique sorts (and the order does not matter)
     infos = [op_info(f) for f in ops]
     slot_values = [
         infos[op].slot(r, pos1 - 1, 0 if in_list else -1, bool(cp))
@@ -306,16 +305,16 @@ def _engine_sums(ops: list, op_code: np.ndarray, phases, origins, rows: _TensorR
         return out
     phase = np.asarray(phases, dtype=np.int8)
     origin = np.asarray(origins, dtype=np.int64)
-    candidates = np.flatnonzero(np.isin(op_code, add) & (phase == BACKWARD))
+    candidates = np.flatnonzero(_member(op_code, add, len(ops)) & (phase == BACKWARD))
     if not len(candidates):
         return out
     is_out = rows.role == 1
     writer: dict[int, int] = {}  # tid -> the last event that wrote it
     first_in = {}
-    for r in np.flatnonzero(~is_out & (rows.position == 0) & np.isin(rows.seq, candidates)):
+    for r in np.flatnonzero(~is_out & (rows.position == 0) & _member(rows.seq, candidates, n)):
         first_in.setdefault(int(rows.seq[r]), int(rows.tid[r]))
     # only the writes of the tensors the candidates add into matter
-    wanted = is_out & np.isin(rows.tid, np.fromiter(first_in.values(), dtype=np.int64, count=len(first_in)))
+    wanted = is_out & _member(rows.tid, list(first_in.values()), int(rows.tid.max()) + 1)
     out_seq, out_tid = rows.seq[wanted].tolist(), rows.tid[wanted].tolist()
     k = 0
     for e in candidates.tolist():
@@ -326,6 +325,14 @@ def _engine_sums(ops: list, op_code: np.ndarray, phases, origins, rows: _TensorR
         if p is not None and phase[p] == BACKWARD and (origin[p] != origin[e] or out[p]):
             out[e] = True
     return out
+
+
+def _member(values: np.ndarray, members, size: int) -> np.ndarray:
+    """Whether each of ``values`` (integers in ``[0, size)``) is one of ``members``, by a lookup
+    table (``np.isin`` sorts)."""
+    table = np.zeros(size, dtype=bool)
+    table[np.asarray(members, dtype=np.int64)] = True
+    return table[values]
 
 
 def build_hidden(raw: RawLog) -> pd.DataFrame:
