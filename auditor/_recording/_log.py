@@ -164,11 +164,20 @@ def build_frames(raw: RawLog) -> tuple[pd.DataFrame, pd.DataFrame]:
     # need not copy it
     tensors = pd.DataFrame({name: columns[name] for name in TENSOR_COLUMNS}, copy=False)
     in_format, out_format = _first_labels(n, rows, len(layouts.label))
-    module_code, module_raw = pd.factorize(np.array([label[0] for label in labels], dtype=object))
+    # a label is one tuple per module (and per line): factorize the distinct tuples' strings, in
+    # the rows' first-seen order, and spread them over the rows
+    label_first, label_code = _first_seen(np.fromiter(map(id, labels), dtype=np.int64, count=n))
+    distinct = [labels[i] for i in label_first.tolist()]
+    module_code, module_raw = pd.factorize(np.array([label[0] for label in distinct], dtype=object))
+    module_code = module_code[label_code]
     mod_map = module_names(module_raw, raw.module_types)
-    source_code, sources = pd.factorize(np.array([label[1] for label in labels], dtype=object))
+    source_code, sources = pd.factorize(np.array([label[1] for label in distinct], dtype=object))
+    source_code = source_code[label_code]
     sources = readable(sources)  # a notebook cell's line as IPython names it, once per distinct line
-    formats, format_code = _factorize(requested)
+    if n and requested.count(None) == n:  # no op asked for a memory format (most steps)
+        formats, format_code = [None], np.zeros(n, dtype=np.int64)
+    else:
+        formats, format_code = _factorize(requested)
     labels_and_none = layouts.label + [""]
     events = pd.DataFrame(
         {
