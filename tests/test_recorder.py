@@ -13,6 +13,8 @@ import torch
 import torch.nn as nn
 import torchvision
 from fault_models import CountingMode
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pandas.testing import assert_frame_equal
 from planted import make
 from torch.utils._python_dispatch import _get_current_dispatch_mode
@@ -610,6 +612,53 @@ def test_results_that_keep_their_inputs_layout_are_logged_as_if_read(monkeypatch
     assert all(not i.keeps_layout for i in recorder._OP_INFO.values())
     assert_frame_equal(kept.tensors, read.tensors)
     assert_frame_equal(kept.events.drop(columns="duration_us"), read.events.drop(columns="duration_us"))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(-3, 40), max_size=60), st.lists(st.integers(0, 40), max_size=8))
+def test_the_logs_hashing_helpers_match_numpys_sorting_definitions(keys, members):
+    """The event log numbers tensors, ops and labels by first appearance with pd.factorize, and
+    tests membership with lookup tables: the same answers as np.unique's and np.isin's."""
+    import numpy as np
+
+    from auditor._recording._log import _first_seen, _member
+
+    ids = np.array(keys, dtype=np.int64)
+    first, codes = _first_seen(ids)
+    if len(ids):
+        _, ref_first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+        order = np.argsort(ref_first)
+        rank = np.empty_like(order)
+        rank[order] = np.arange(len(order))
+        assert first.tolist() == ref_first[order].tolist()
+        assert codes.tolist() == rank[inverse.ravel()].tolist()
+    else:
+        assert len(first) == len(codes) == 0
+    values = np.array([k for k in keys if k >= 0], dtype=np.int64)
+    size = int(max([*values.tolist(), *members, 0])) + 1
+    assert _member(values, members, size).tolist() == np.isin(values, members).tolist()
+
+
+def test_event_log_is_the_same_whether_its_categorical_dtypes_are_new_or_reused():
+    """Categorical dtypes are made once per distinct vocabulary and reused by later recordings:
+    a recording that makes them and one that reuses them log the same frames."""
+    from auditor._recording import _log as log
+
+    model, x = tv("resnet18")
+    log._DTYPES.clear()
+    cold = auditor.audit(model, x, record_source=False, record_time=False)
+    assert log._DTYPES  # the first recording made them
+    model.zero_grad(set_to_none=True)
+    warm = auditor.audit(model, x, record_source=False, record_time=False)
+    assert warm.tensors["shape"].dtype is cold.tensors["shape"].dtype  # reused, not remade
+    assert_frame_equal(cold.tensors, warm.tensors)
+    assert_frame_equal(cold.events.drop(columns="duration_us"), warm.events.drop(columns="duration_us"))
+    for frame in (warm.events, warm.tensors):
+        for name in frame.columns:
+            if name in log.FIXED_CATEGORIES or not isinstance(frame[name].dtype, pd.CategoricalDtype):
+                continue
+            categories = list(frame[name].cat.categories)
+            assert categories == sorted(set(categories)), name
 
 
 def test_compiled_functions_run_inside_a_recording():

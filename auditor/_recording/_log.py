@@ -73,10 +73,20 @@ FIXED_CATEGORIES: dict[str, tuple[str, ...]] = {
 _FIXED_DTYPES = {name: pd.CategoricalDtype(list(cats)) for name, cats in FIXED_CATEGORIES.items()}
 
 
-def _dtype(name: str, unique_values) -> pd.CategoricalDtype:
-    """The column's categorical dtype: its fixed vocabulary, or its sorted values."""
-    fixed = _FIXED_DTYPES.get(name)
-    return fixed if fixed is not None else pd.CategoricalDtype(sorted(set(unique_values)))
+#: categorical dtypes by their categories: a recording of the same model makes the same ones
+#: (its shapes, strides, modules, ops), and pandas checks every new dtype's categories again
+_DTYPES: dict[tuple, pd.CategoricalDtype] = {}
+_MAX_DTYPES = 512
+
+
+def _cached_dtype(categories: tuple) -> pd.CategoricalDtype:
+    """The categorical dtype of these (sorted, distinct) categories, made once per process."""
+    dtype = _DTYPES.get(categories)
+    if dtype is None:
+        if len(_DTYPES) >= _MAX_DTYPES:
+            _DTYPES.clear()
+        dtype = _DTYPES[categories] = pd.CategoricalDtype(list(categories))
+    return dtype
 
 
 def _with_codes(codes: np.ndarray, dtype: pd.CategoricalDtype) -> pd.Categorical:
@@ -98,8 +108,10 @@ def categorical(values, name: str) -> pd.Categorical:
 
 def _from_codes(unique_values: list, codes: np.ndarray, name: str) -> pd.Categorical:
     """A categorical from per-row codes into ``unique_values``, with the schema's categories."""
-    dtype = _dtype(name, unique_values)
-    where = {c: i for i, c in enumerate(dtype.categories)}
+    fixed = FIXED_CATEGORIES.get(name)
+    cats = fixed if fixed is not None else tuple(sorted(set(unique_values)))
+    dtype = _FIXED_DTYPES[name] if fixed is not None else _cached_dtype(cats)
+    where = {c: i for i, c in enumerate(cats)}  # the Python values: iterating pandas' categories is slow
     remap = np.array([where[v] for v in unique_values] + [-1], dtype=np.int32)
     return _with_codes(remap[codes] if len(codes) else np.asarray(codes, dtype=np.int32), dtype)
 
@@ -113,14 +125,14 @@ def _factorize(values) -> tuple[list, np.ndarray]:
 
 def _first_seen(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Integer keys -> (the row where each distinct key first occurs, in first-seen order;
-    each row's code into that order), vectorised."""
+    each row's code into that order), by hashing (``pd.factorize`` numbers keys as first seen)."""
     if not len(ids):
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
-    order = np.argsort(first)
-    rank = np.empty_like(order)
-    rank[order] = np.arange(len(order))
-    return first[order], rank[inverse.ravel()]
+    codes, uniques = pd.factorize(ids)
+    first = np.empty(len(uniques), dtype=np.int64)
+    rows = np.arange(len(ids), dtype=np.int64)
+    first[codes[::-1]] = rows[::-1]  # the last write to each code is its first row
+    return first, codes.astype(np.int64, copy=False)
 
 
 def build_frames(raw: RawLog) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -137,25 +149,35 @@ def build_frames(raw: RawLog) -> tuple[pd.DataFrame, pd.DataFrame]:
     rows = _TensorRows(raw.tensors)
     layouts = _Layouts(raw.layouts)
     args, arg_code, is_view = _slot_facts(ops, op_code, np.array(copied, dtype=bool), rows)
-    tensors = pd.DataFrame(
-        {
-            "seq": rows.seq,
-            "role": _with_codes(rows.role, _FIXED_DTYPES["role"]),
-            "position": rows.position,
-            "item": rows.item,
-            "arg": _from_codes(args, arg_code, "arg"),
-            "tid": rows.tid.astype(np.int32),
-            **layouts.columns(rows.layout),
-            "is_param": rows.is_param,
-            "is_view": is_view,
-        }
-    )[list(TENSOR_COLUMNS)]
+    columns = {
+        "seq": rows.seq,
+        "role": _with_codes(rows.role, _FIXED_DTYPES["role"]),
+        "position": rows.position,
+        "item": rows.item,
+        "arg": _from_codes(args, arg_code, "arg"),
+        "tid": rows.tid.astype(np.int32),
+        **layouts.columns(rows.layout),
+        "is_param": rows.is_param,
+        "is_view": is_view,
+    }
+    # in the schema's order; every column is an array made here for this frame alone, so pandas
+    # need not copy it
+    tensors = pd.DataFrame({name: columns[name] for name in TENSOR_COLUMNS}, copy=False)
     in_format, out_format = _first_labels(n, rows, len(layouts.label))
-    module_code, module_raw = pd.factorize(np.array([label[0] for label in labels], dtype=object))
+    # a label is one tuple per module (and per line): factorize the distinct tuples' strings, in
+    # the rows' first-seen order, and spread them over the rows
+    label_first, label_code = _first_seen(np.fromiter(map(id, labels), dtype=np.int64, count=n))
+    distinct = [labels[i] for i in label_first.tolist()]
+    module_code, module_raw = pd.factorize(np.array([label[0] for label in distinct], dtype=object))
+    module_code = module_code[label_code]
     mod_map = module_names(module_raw, raw.module_types)
-    source_code, sources = pd.factorize(np.array([label[1] for label in labels], dtype=object))
+    source_code, sources = pd.factorize(np.array([label[1] for label in distinct], dtype=object))
+    source_code = source_code[label_code]
     sources = readable(sources)  # a notebook cell's line as IPython names it, once per distinct line
-    formats, format_code = _factorize(requested)
+    if n and requested.count(None) == n:  # no op asked for a memory format (most steps)
+        formats, format_code = [None], np.zeros(n, dtype=np.int64)
+    else:
+        formats, format_code = _factorize(requested)
     labels_and_none = layouts.label + [""]
     events = pd.DataFrame(
         {
@@ -179,7 +201,8 @@ def build_frames(raw: RawLog) -> tuple[pd.DataFrame, pd.DataFrame]:
             "compiled": np.isin(np.arange(n), raw.compiled),
             "rank": np.full(n, raw.rank, dtype=np.int16),
             "world_size": np.full(n, raw.world_size, dtype=np.int16),
-        }
+        },
+        copy=False,
     )
     return events, tensors
 
@@ -191,14 +214,16 @@ class _TensorRows:
         f = TENSOR_FIELDS
         m = len(flat) // f
         self.count = m
-        self.seq = np.array(flat[0::f], dtype=np.int32)
-        self.role = np.array(flat[1::f], dtype=np.int8)
-        self.position = np.array(flat[2::f], dtype=np.int8)
-        self.item = np.array(flat[3::f], dtype=np.int16)
-        # one weak reference per tensor, kept alive by the log: its id() is the tensor's identity
-        self.tid = _first_seen(np.fromiter(map(id, flat[4::f]), dtype=np.int64, count=m))[1]
-        self.layout = np.array(flat[5::f], dtype=np.int64)
-        self.is_param = np.array(flat[6::f], dtype=bool)
+        self.seq = np.fromiter(flat[0::f], dtype=np.int32, count=m)
+        self.role = np.fromiter(flat[1::f], dtype=np.int8, count=m)
+        self.position = np.fromiter(flat[2::f], dtype=np.int8, count=m)
+        self.item = np.fromiter(flat[3::f], dtype=np.int16, count=m)
+        # one weak reference per tensor, kept alive by the log: its id() is the tensor's identity,
+        # numbered as first seen
+        self.tid = pd.factorize(np.fromiter(map(id, flat[4::f]), dtype=np.int64, count=m))[0] if m else \
+            np.zeros(0, dtype=np.int64)
+        self.layout = np.fromiter(flat[5::f], dtype=np.int64, count=m)
+        self.is_param = np.fromiter(flat[6::f], dtype=bool, count=m)
 
 
 class _Layouts:
@@ -245,8 +270,7 @@ def _slot_facts(ops: list, op_code: np.ndarray, copied: np.ndarray, rows: _Tenso
     dims = (max(1, len(ops)), 2, int(rows.position.max()) + 2, 2, 2)
     slot_key = np.ravel_multi_index(
         (op_code[rows.seq], rows.role, rows.position + 1, rows.item >= 0, copied[rows.seq]), dims)
-    slots, slot = np.unique(slot_key, return_inverse=True)
-    slot = slot.ravel()
+    slot, slots = pd.factorize(slot_key)  # hashing: np.unique sorts (and the order does not matter)
     infos = [op_info(f) for f in ops]
     slot_values = [
         infos[op].slot(r, pos1 - 1, 0 if in_list else -1, bool(cp))
@@ -290,16 +314,16 @@ def _engine_sums(ops: list, op_code: np.ndarray, phases, origins, rows: _TensorR
         return out
     phase = np.asarray(phases, dtype=np.int8)
     origin = np.asarray(origins, dtype=np.int64)
-    candidates = np.flatnonzero(np.isin(op_code, add) & (phase == BACKWARD))
+    candidates = np.flatnonzero(_member(op_code, add, len(ops)) & (phase == BACKWARD))
     if not len(candidates):
         return out
     is_out = rows.role == 1
     writer: dict[int, int] = {}  # tid -> the last event that wrote it
     first_in = {}
-    for r in np.flatnonzero(~is_out & (rows.position == 0) & np.isin(rows.seq, candidates)):
+    for r in np.flatnonzero(~is_out & (rows.position == 0) & _member(rows.seq, candidates, n)):
         first_in.setdefault(int(rows.seq[r]), int(rows.tid[r]))
     # only the writes of the tensors the candidates add into matter
-    wanted = is_out & np.isin(rows.tid, np.fromiter(first_in.values(), dtype=np.int64, count=len(first_in)))
+    wanted = is_out & _member(rows.tid, list(first_in.values()), int(rows.tid.max()) + 1)
     out_seq, out_tid = rows.seq[wanted].tolist(), rows.tid[wanted].tolist()
     k = 0
     for e in candidates.tolist():
@@ -310,6 +334,14 @@ def _engine_sums(ops: list, op_code: np.ndarray, phases, origins, rows: _TensorR
         if p is not None and phase[p] == BACKWARD and (origin[p] != origin[e] or out[p]):
             out[e] = True
     return out
+
+
+def _member(values: np.ndarray, members, size: int) -> np.ndarray:
+    """Whether each of ``values`` (integers in ``[0, size)``) is one of ``members``, by a lookup
+    table (``np.isin`` sorts)."""
+    table = np.zeros(size, dtype=bool)
+    table[np.asarray(members, dtype=np.int64)] = True
+    return table[values]
 
 
 def build_hidden(raw: RawLog) -> pd.DataFrame:

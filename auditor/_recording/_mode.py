@@ -293,7 +293,8 @@ class RecorderMode(TorchDispatchMode):
                 info = _op_info(func)
             tensors = self.tensors
             first = len(tensors)
-            ext, layout, count = self._extend, self._layout, self._count
+            ext, layouts = self._extend, self.layouts
+            known = layouts.get  # one dict call per strided tensor: a layout seen before
             nargs = len(args)
             # inputs are read before the call: in-place metadata ops (as_strided_, ...) change them
             try:
@@ -301,25 +302,35 @@ class RecorderMode(TorchDispatchMode):
                     if i >= nargs:
                         break
                     a = args[i]
-                    if type(a) in (list, tuple):
+                    if isinstance(a, _Tensor):
+                        if a.layout is _STRIDED:
+                            key = (a.shape, a.stride(), a.storage_offset(), a.dtype, _CPU if a.is_cpu else a.device)
+                            lay = known(key)
+                            if lay is None:
+                                lay = layouts[key] = len(layouts)
+                        else:
+                            lay = self._unstrided(a)
+                        ext((seq, INPUT, i, -1, _weakref(a), lay,
+                             False if type(a) is _Tensor else True if type(a) is _Parameter else self._is_param(a)))
+                    elif type(a) in (list, tuple):
                         for j, x in enumerate(a):
                             if isinstance(x, _Tensor):
-                                ext((seq, INPUT, i, j, _weakref(x),
-                                     layout((x.shape, x.stride(), x.storage_offset(), x.dtype, _CPU if x.is_cpu else x.device), count())
-                                     if x.layout is _STRIDED else self._unstrided(x),
+                                if x.layout is _STRIDED:
+                                    key = (x.shape, x.stride(), x.storage_offset(), x.dtype,
+                                           _CPU if x.is_cpu else x.device)
+                                    lay = known(key)
+                                    if lay is None:
+                                        lay = layouts[key] = len(layouts)
+                                else:
+                                    lay = self._unstrided(x)
+                                ext((seq, INPUT, i, j, _weakref(x), lay,
                                      False if type(x) is _Tensor else self._is_param(x)))
-                    elif isinstance(a, _Tensor):
-                        ext((seq, INPUT, i, -1, _weakref(a),
-                             layout((a.shape, a.stride(), a.storage_offset(), a.dtype, _CPU if a.is_cpu else a.device), count())
-                             if a.layout is _STRIDED else self._unstrided(a),
-                             False if type(a) is _Tensor else True if type(a) is _Parameter else self._is_param(a)))
                 if kwargs:
                     names = info.arg_names
                     for k, a in kwargs.items():
                         if isinstance(a, _Tensor):
                             ext((seq, INPUT, names.index(k) if k in names else -1, -1, _weakref(a),
-                                 layout((a.shape, a.stride(), a.storage_offset(), a.dtype, _CPU if a.is_cpu else a.device), count())
-                                 if a.layout is _STRIDED else self._unstrided(a),
+                                 self._layout_of_strided(a) if a.layout is _STRIDED else self._unstrided(a),
                                  False))
             except Exception:  # a strided tensor whose sizes raise (a strided nested tensor)
                 del tensors[first:]
@@ -392,26 +403,30 @@ class RecorderMode(TorchDispatchMode):
             outputs = len(tensors)
             try:
                 if isinstance(out, _Tensor):
-                    ext((seq, OUTPUT, 0, -1, _weakref(out),
-                         tensors[first + _LAYOUT] if info.keeps_layout and outputs > first else
-                         layout((out.shape, out.stride(), out.storage_offset(), out.dtype, _CPU if out.is_cpu else out.device), count())
-                         if out.layout is _STRIDED else self._unstrided(out),
-                         False))
+                    if info.keeps_layout and outputs > first:
+                        lay = tensors[first + _LAYOUT]
+                    elif out.layout is _STRIDED:
+                        key = (out.shape, out.stride(), out.storage_offset(), out.dtype,
+                               _CPU if out.is_cpu else out.device)
+                        lay = known(key)
+                        if lay is None:
+                            lay = layouts[key] = len(layouts)
+                    else:
+                        lay = self._unstrided(out)
+                    ext((seq, OUTPUT, 0, -1, _weakref(out), lay, False))
                 elif type(out) in (list, tuple):
                     list_return = info.list_return  # one Tensor[] result (split, unbind): item i of it
                     for i, o in enumerate(out):
                         if isinstance(o, _Tensor):
                             pos, item = (0, i) if list_return else (i, -1)
                             ext((seq, OUTPUT, pos, item, _weakref(o),
-                                 layout((o.shape, o.stride(), o.storage_offset(), o.dtype, _CPU if o.is_cpu else o.device), count())
-                                 if o.layout is _STRIDED else self._unstrided(o),
+                                 self._layout_of_strided(o) if o.layout is _STRIDED else self._unstrided(o),
                                  False))
                         elif type(o) in (list, tuple):
                             for j, x in enumerate(o):
                                 if isinstance(x, _Tensor):
                                     ext((seq, OUTPUT, i, j, _weakref(x),
-                                         layout((x.shape, x.stride(), x.storage_offset(), x.dtype, _CPU if x.is_cpu else x.device), count())
-                                         if x.layout is _STRIDED else self._unstrided(x),
+                                         self._layout_of_strided(x) if x.layout is _STRIDED else self._unstrided(x),
                                          False))
             except Exception:  # a strided tensor whose sizes raise (a strided nested tensor)
                 del tensors[outputs:]
@@ -441,6 +456,11 @@ class RecorderMode(TorchDispatchMode):
                 size = -1
             shape.append(size if type(size) is int else -1)  # a jagged one is a symbolic int
         return self._layout((tuple(shape), (), 0, t.dtype, _CPU if t.is_cpu else t.device), self._count())
+
+    def _layout_of_strided(self, t) -> int:
+        """The layout number of a strided tensor (the hot path reads most of them inline)."""
+        return self._layout((t.shape, t.stride(), t.storage_offset(), t.dtype, _CPU if t.is_cpu else t.device),
+                            self._count())
 
     def _layout_of(self, t) -> int:
         if t.layout is _STRIDED and not t.is_nested:

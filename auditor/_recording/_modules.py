@@ -96,7 +96,15 @@ class ForwardModuleTracker(ModuleTracker):
                 for p in m._parameters.values():
                     if p is not None:
                         params.setdefault(id(p), n)
-                todo.extend((child, f"{n}.{child_name}") for child_name, child in reversed(list(m.named_children())))
+                children = m._modules  # what named_children() walks, without a generator per module
+                if children:
+                    seen, kids = set(), []
+                    for child_name, child in children.items():
+                        if child is not None and child not in seen:  # named_children's rule
+                            seen.add(child)
+                            kids.append((child, f"{n}.{child_name}"))
+                    kids.reverse()
+                    todo.extend(kids)
         return labels[id(mod)][1]
 
     def _label_of(self, mod) -> tuple[str, str]:

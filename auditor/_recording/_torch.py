@@ -210,10 +210,11 @@ def _module_tracker():
 #: has each: an op overload's schema (``_schema``) and, on the hot path, the C++ op it forwards
 #: to (``_op``) unless a Python dispatcher is set (``_pyobj_dispatcher``); whether a tensor is a
 #: view (``Tensor._is_view``) and its storage's identity (``UntypedStorage._cdata``); an autograd
-#: node's sequence number (``_sequence_nr``); a module's own parameters (``Module._parameters``)
-#: and forward hooks (``_forward_hooks``, ``_forward_pre_hooks``, which a layout plan's copies drop);
-#: and the forward hooks ``ModuleTracker`` calls (``_fw_pre_hook``, ``_fw_post_hook``), which the
-#: recorder's tracker overrides.
+#: node's sequence number (``_sequence_nr``); a module's own parameters (``Module._parameters``),
+#: its children (``Module._modules``, what ``named_children`` walks) and forward hooks
+#: (``_forward_hooks``, ``_forward_pre_hooks``, which a layout plan's copies drop); and the forward
+#: hooks ``ModuleTracker`` calls (``_fw_pre_hook``, ``_fw_post_hook``), which the recorder's
+#: tracker overrides.
 ATTRIBUTES = {
     "OpOverload._schema": _has(torch.ops.aten.add.Tensor, "_schema"),
     "OpOverload._op": _has(torch.ops.aten.add.Tensor, "_op"),
@@ -222,6 +223,7 @@ ATTRIBUTES = {
     "UntypedStorage._cdata": _has(torch.empty(0).untyped_storage(), "_cdata"),
     "Node._sequence_nr": _has(torch.ones(1, requires_grad=True).sum().grad_fn, "_sequence_nr"),
     "Module._parameters": _has(torch.nn.Linear(1, 1), "_parameters"),
+    "Module._modules": _has(torch.nn.Linear(1, 1), "_modules"),
     "Module._forward_hooks": _has(torch.nn.Linear(1, 1), "_forward_hooks"),
     "Module._forward_pre_hooks": _has(torch.nn.Linear(1, 1), "_forward_pre_hooks"),
     "ModuleTracker._fw_pre_hook": _has(_module_tracker(), "_fw_pre_hook"),
@@ -245,7 +247,8 @@ def require_recorder() -> None:
     """What a recording needs, checked before it starts."""
     require("recorder")
     require_attributes("OpOverload._schema", "Tensor._is_view", "UntypedStorage._cdata", "Node._sequence_nr",
-                       "Module._parameters", "ModuleTracker._fw_pre_hook", "ModuleTracker._fw_post_hook")
+                       "Module._parameters", "Module._modules", "ModuleTracker._fw_pre_hook",
+                       "ModuleTracker._fw_post_hook")
 
 
 def load_what_steps_import() -> None:
