@@ -50,16 +50,18 @@ BY_HAND = "by hand"
 _GENERATORS: dict[str, list[Callable]] = {}
 
 
-def register_fix(*names: str) -> Callable[[Callable], Callable]:
+def register_fix(*names: str, first: bool = False) -> Callable[[Callable], Callable]:
     """Decorator: register a fix generator for the patterns ``names`` (each must be registered),
-    after those registered before it. A generator takes what the fix layer knows of one cause
-    and returns a fix, or None when it does not apply, so the next one is tried."""
+    after those registered before it (with ``first``, before them: a generator that applies to
+    few causes, ahead of one that answers every cause). A generator takes what the fix layer
+    knows of one cause and returns a fix, or None when it does not apply, so the next one is tried."""
     for name in names:
         patterns.pattern(name)
 
     def register(generator: Callable) -> Callable:
         for name in names:
-            _GENERATORS.setdefault(name, []).append(generator)
+            found = _GENERATORS.setdefault(name, [])
+            found.insert(0, generator) if first else found.append(generator)
         return generator
     return register
 
@@ -1566,3 +1568,7 @@ def _output_bytes(view: FlowView, e: int) -> int:
     sel = t[(t["seq"] == e) & (t["role"] == "output") & (t["position"] == 0)]
     return int(sel["bytes"].iloc[0]) if len(sel) else 0
 
+
+# the generators of their own modules, which import this one: loaded by name, once it is whole
+for _module in ("_canvas",):
+    __import__(f"{__package__}.{_module}")
