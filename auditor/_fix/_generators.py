@@ -1570,5 +1570,5 @@ def _output_bytes(view: FlowView, e: int) -> int:
 
 
 # the generators of their own modules, which import this one: loaded by name, once it is whole
-for _module in ("_canvas",):
+for _module in ("_canvas", "_norm_view"):
     __import__(f"{__package__}.{_module}")
