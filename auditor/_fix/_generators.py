@@ -1570,5 +1570,5 @@ def _output_bytes(view: FlowView, e: int) -> int:
 
 
 # the generators of their own modules, which import this one: loaded by name, once it is whole
-for _module in ("_canvas", "_norm_view"):
+for _module in ("_canvas", "_norm_view", "_gather_above"):
     __import__(f"{__package__}.{_module}")
