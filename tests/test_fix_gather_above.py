@@ -151,3 +151,45 @@ def test_the_gather_follows_the_map_the_caller_was_given_and_verify_proves_it():
         for name, grad in before[2].items():
             torch.testing.assert_close(after[2][name], grad, rtol=1e-12, atol=1e-12)
         assert y.is_contiguous(memory_format=fmt)
+
+
+class NormFirst(nn.Module):
+    """Blocks that norm their map first: the next block's batch norm reads the map the window
+    attention gathered, and is where that map joins the path (its own cause)."""
+
+    def __init__(self, c=8, size=8):
+        super().__init__()
+        self.stem = nn.Conv2d(3, c, 3, padding=1)
+        self.blocks = nn.Sequential(*(nn.Sequential(nn.BatchNorm2d(c), nn.Conv2d(c, c, 3, padding=1),
+                                                    WindowAttention(c, 4, size)) for _ in range(2)))
+        self.head = nn.Conv2d(c, c, 1)
+
+    def forward(self, x):
+        return self.head(self.blocks(self.stem(x)))
+
+
+def test_an_op_that_reads_the_gathered_map_gets_the_gather_s_candidate_and_verify_proves_it():
+    torch.manual_seed(0)
+    model = NormFirst().to(memory_format=CL)
+    x = torch.randn(2, 3, 8, 8).to(memory_format=CL)
+    fixes = auditor.suggest_fixes(auditor.audit(model, x))
+    frame = fixes.frame
+    norm = frame[frame["op"] == "aten.native_batch_norm.default"]
+    assert len(norm) == 1 and norm["pattern"].iloc[0] == "joins"
+    n = int(norm["fix"].iloc[0])
+    gather = int(frame[(frame["op"] == "aten.clone.default")
+                       & frame["line"].str.contains("permute(0, 5, 1, 3, 2, 4)", regex=False)]["fix"].iloc[0])
+    (candidate,) = fixes._proposals[n].extra["candidates"]
+    assert candidate.label == fixes._proposals[gather].extra["candidates"][0].label
+    assert "where the map it reads was gathered, at" in norm["reason"].iloc[0]
+    table = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=2)
+    rows = table[table["kind"] == "fix"].set_index("fix")
+    for k in (n, gather):
+        assert rows.loc[k, "applied"] and rows.loc[k, "same_outputs"], rows.loc[k, "reason"]
+        assert rows.loc[k, "hotspots_before"] > 0 and rows.loc[k, "hotspots_after"] == 0
+        assert rows.loc[k, "contiguous_hotspots_after"] <= rows.loc[k, "contiguous_hotspots_before"]
+    every = table[table["kind"] == "all"].iloc[0]
+    assert every["applied"] and every["same_outputs"] and every["hotspots_after"] == 0
+    # both fixes make the same three edits: the patch has each once
+    patch = fixes.patch([n, gather])
+    assert patch.count("+        _format = ") == 1 and patch.count(".contiguous(memory_format=_format)") == 1

@@ -186,3 +186,58 @@ def _gather_above_fix(c: CauseView) -> Proposal | None:
 
 
 __all__ = ["call_made_in", "format_read_before"]
+
+
+#: how many ops back from a cause its map may have been gathered (a view or two between)
+_STEPS = 4
+
+
+def _gathered_before(c: CauseView) -> CauseView | None:
+    """The cause seen at the op that gathered the map it reads: following the first input of
+    the cause's op back through views, the first op whose line makes tokens into a map by a
+    permute and a reshape (:func:`._generators._permuted_into_map`); None where there is none."""
+    import copy
+
+    view, tracer = c.view, c.tracer
+    e = c.forward
+    for _ in range(_STEPS):
+        rows = tracer.input_rows(e)
+        if not rows:
+            return None
+        p = int(tracer.graph.producer[rows[0]])
+        if p < 0 or view.phase[p] != "forward":
+            return None
+        at = copy.copy(c)
+        at.e = at.forward = p
+        at.source = str(view.source[p])
+        at.path, at.lineno = _where(at.source)
+        at.module, at.module_type = str(view.module[p]), str(view.ops["module_type"].iat[p])
+        if at.path is not None and (at.path, at.lineno) != (c.path, c.lineno) and _permuted_into_map(at):
+            return at
+        if not (view.kind[p] == "view" or str(view.op[p]).startswith(("aten._unsafe_view", "aten.view"))):
+            return None
+        e = p
+    return None
+
+
+@register_fix(patterns.JOINS.name, first=True)
+def _gathered_upstream_fix(c: CauseView) -> Proposal | None:
+    """An op that reads a map tokens were gathered into on another line, in a method that
+    reaches no convolution weight (the next block's norm or pool reads a window attention's
+    map): the candidate of :func:`_gather_above_fix` for that line, which makes the map this
+    op reads one in the format of the map the attention was given."""
+    if c.view.phase[c.e] != "forward" or c.e != c.forward or c.path is None:
+        return None
+    at = _gathered_before(c)
+    if at is None:
+        return None
+    fns = _functions(at.path, at.lineno)
+    if not fns or _weight_in_reach(at, fns) is not None:
+        return None
+    found = _gather_in_the_caller_s_format(at)
+    if found is None:
+        return None
+    return c.proposal(EDIT, c.row.fix, line=found.line, extra={"candidates": [found]},
+                      reason=f"1 candidate rewrite (where the map it reads was gathered, at {short_source(at.source)}: "
+                             f"{found.label}) exact only for some shapes: Fixes.verify(model, *inputs) proves it on "
+                             "this model or drops it")
