@@ -225,7 +225,8 @@ def _gathered_upstream_fix(c: CauseView) -> Proposal | None:
     """An op that reads a map tokens were gathered into on another line, in a method that
     reaches no convolution weight (the next block's norm or pool reads a window attention's
     map): the candidate of :func:`_gather_above_fix` for that line, which makes the map this
-    op reads one in the format of the map the attention was given."""
+    op reads one in the format of the map the attention was given; then the joins fix's own
+    candidates for the op's line."""
     if c.view.phase[c.e] != "forward" or c.e != c.forward or c.path is None:
         return None
     at = _gathered_before(c)
@@ -237,7 +238,10 @@ def _gathered_upstream_fix(c: CauseView) -> Proposal | None:
     found = _gather_in_the_caller_s_format(at)
     if found is None:
         return None
-    return c.proposal(EDIT, c.row.fix, line=found.line, extra={"candidates": [found]},
-                      reason=f"1 candidate rewrite (where the map it reads was gathered, at {short_source(at.source)}: "
-                             f"{found.label}) exact only for some shapes: Fixes.verify(model, *inputs) proves it on "
-                             "this model or drops it")
+    # the joins fix's own candidates of the op's line after it, where it has any
+    candidates = [found, *_join_candidates(c)]
+    labels = "; ".join([f"where the map it reads was gathered, at {short_source(at.source)}: {found.label}",
+                        *(x.label for x in candidates[1:])])
+    return c.proposal(EDIT, c.row.fix, line=found.line, extra={"candidates": candidates},
+                      reason=f"{len(candidates)} candidate rewrite{'s' * (len(candidates) > 1)} ({labels}) exact only "
+                             "for some shapes: Fixes.verify(model, *inputs) proves one on this model or drops them")
