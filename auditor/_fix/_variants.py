@@ -29,6 +29,11 @@ def _fix(name, family, patterns, does, fallback=False) -> Declared:
 #: the fix generators; for each pattern, those that serve it are tried in this order and the
 #: first that has a fix gives it
 GENERATORS: tuple[Declared, ...] = (
+    _fix("canvas in the format", "_canvas", "joins",
+         "a new map that maps are written into by index made with torch.empty in the format of the tensor it is "
+         "made like"),
+    _fix("group norm on the (B, C, 1, L) view", "_norm_view", "joins loses",
+         "a group norm of a map's tokens (channels innermost) run on their (B, C, 1, L) view, channels_last"),
     _fix("re-stride", "_replacements", "nc11_broadcast",
          "a map both formats at once passed re-strided into the convolutions' format (a view)"),
     _fix("product backward", "_replacements", "joins loses",
@@ -65,6 +70,11 @@ GENERATORS: tuple[Declared, ...] = (
 
 #: the variants of a family's fix, in the order verification tries their candidates
 VARIANTS: tuple[Declared, ...] = (
+    _fix("gathered upstream", "_gather_above", "joins",
+         "an op that reads a map gathered from windows on another line gets that gather's candidate below"),
+    _fix("windows gathered in the caller's format", "_gather_above", "joins",
+         "windows gathered into a map in NHWC order, made in the format of the map the calling module was given "
+         "(no weight in reach)"),
     _fix("tokens to a map", "_join_maps", "joins",
          "a (B, C, N) tensor reshaped into a map written in NHWC order (reshape, then permute)"),
     _fix("a map split into windows", "_join_maps", "joins",
