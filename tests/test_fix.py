@@ -518,7 +518,7 @@ def test_a_source_fix_is_applied_in_memory_and_undone():
 
 
 def test_a_fix_that_cannot_be_made_says_so_with_its_reason(monkeypatch):
-    from auditor._fix import _norm_view
+    from auditor._fix._generators import _norm_view
 
     # the group norm of tokens, with the strides that let it run on a channels_last view unseen
     monkeypatch.setattr(_norm_view, "_channels_innermost", lambda shape, strides: False)

@@ -225,7 +225,7 @@ def test_a_fix_that_changes_the_values_is_caught(monkeypatch):
 
 
 def test_a_fix_left_by_hand_is_reported_not_applied(monkeypatch):
-    from auditor._fix import _norm_view
+    from auditor._fix._generators import _norm_view
 
     # the group norm of tokens, with the strides that let it run on a channels_last view unseen
     monkeypatch.setattr(_norm_view, "_channels_innermost", lambda shape, strides: False)
