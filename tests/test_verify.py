@@ -42,8 +42,7 @@ def test_a_verified_fix_removes_its_cause_keeps_the_values_and_is_timed():
     row = v.iloc[0]
     assert row["applied"] and row["hotspots_before"] == len(a.hotspots()) and row["hotspots_after"] == 0
     assert row["same_outputs"] and row["max_rel_diff"] <= _verify.TOLERANCE[torch.float64]
-    # 7 rounds; a fix that hurts is timed again with three times as many (test below)
-    assert row["rounds"] >= 7 and row["step_us_before"] > 0 and row["step_us_after"] > 0
+    assert row["rounds"] == 7 and row["step_us_before"] > 0 and row["step_us_after"] > 0
     assert row["saving_low_us"] <= row["saving_us"] <= row["saving_high_us"]
     assert row["ratio_low"] <= row["ratio"] <= row["ratio_high"]
     assert row["verdict"] in ("helps", "within noise", "hurts")
@@ -60,39 +59,6 @@ def test_a_verified_fix_removes_its_cause_keeps_the_values_and_is_timed():
     assert "saving, measured (verified)" in page and "saving, estimated" in page
     assert page.index("saving, measured (verified)") < page.index("saving, estimated")
     assert "Verified fixes" in str(f) and "verdict: " in str(f) and "Verified fixes" in f._repr_html_()
-
-
-@pytest.mark.parametrize("again", ["hurts", "within noise"])
-def test_a_fix_that_hurts_is_timed_again_and_dropped_where_it_hurts_again(monkeypatch, again):
-    """A first interval above 1 can be noise: the fix is timed again with three times the rounds
-    and budget; where it still makes the step slower it is no longer automatic, saying by how
-    much both times, and where it does not, the second timing is its row."""
-    model, x = make_cause("stack_reduce", shape=(4, 3, 16, 16))
-    f = auditor.suggest_fixes(auditor.audit(model, x, warmup=1))
-    calls = []
-
-    def timed(before, after, *, rounds, max_rounds, budget_s, **kw):
-        calls.append((rounds, max_rounds, budget_s))
-        before(), after()
-        slower = len(calls) == 1 or again == "hurts"
-        ratio, low, high = (1.2, 1.1, 1.3) if slower else (1.0, 0.9, 1.1)
-        return _verify.Saving(100.0, 100.0 * ratio, -100.0 * (ratio - 1), -100.0 * (high - 1), -100.0 * (low - 1),
-                              ratio, low, high, rounds, slower, "process_time")
-    monkeypatch.setattr(_verify, "measure_saving", timed)
-    proved = f.verify(model, x, rounds=3, max_rounds=5, budget_s=1.0, exposed=False)
-    assert calls[:2] == [(3, 5, 1.0), (9, 15, 3.0)]
-    row = proved.verification.iloc[0]
-    fixed = proved.frame.iloc[0]
-    assert row["verdict"] == again and row["rounds"] == 9
-    if again == "hurts":
-        assert not fixed["automatic"] and fixed["reason"].startswith("it makes the step slower: after / before 1.200 "
-                                                                     "[1.100, 1.300] in 3 rounds, then 1.200")
-        assert row["reason"] == f"dropped: {fixed['reason']}"
-        assert not proved.apply(model)["applied"].iloc[0]
-        proved.undo()
-    else:
-        assert fixed["automatic"] and "1.200 [1.100, 1.300] in 3 rounds first, then 1.000" in row["reason"]
-    assert f.frame.iloc[0]["automatic"]  # the fixes verified are left as they were
 
 
 def test_a_cause_a_fix_exposes_gets_its_row_and_its_fix_is_made_with_the_others():

@@ -56,7 +56,6 @@ class Proof:
                 rows.append(self._verify_one_or_drop(n, step, warmup, seed, timing))
         self._not_automatic_where_contiguous_hurts(rows)
         self._not_automatic_where_values_change(rows)
-        self._not_automatic_where_slower(rows)
         if len(self.frame) > 0:
             together, found = self._together(step, warmup, seed, timing, exposed, rows)
             self._removed_together(rows, together)
@@ -168,30 +167,6 @@ class Proof:
                        f"{float(r.get('max_rel_diff', float('nan'))):.1e})")
                 self._drop(int(r["fix"]), why)
                 r["reason"] = f"dropped: {why}"
-
-    def _not_automatic_where_slower(self, rows: list[dict]) -> None:
-        """A fix whose verdict is ``hurts`` is timed again, with three times the rounds and the
-        budget (a first interval above 1 can be the machine's noise); where it hurts again it
-        makes the step slower, which no user came for: no longer automatic, saying by how much
-        both times. Where the second timing does not say ``hurts``, its row is the fix's row."""
-        longer = {k: v * 3 for k, v in self.timing.items()}
-        for i, r in enumerate(rows):
-            if r.get("kind") != "fix" or r.get("verdict") != verification.HURTS:
-                continue
-            n = int(r["fix"])
-            try:
-                again = self._verify_one([n], self.step, self.warmup, self.seed, longer)
-            except Exception:  # noqa: BLE001  (it ran once: the first row stands)
-                continue
-            first = _ratio(r)
-            if again.get("verdict") == verification.HURTS:
-                why = (f"it makes the step slower: after / before {first}, then {_ratio(again)} timed again with "
-                       "three times the rounds and budget")
-                self._drop(n, why)
-                rows[i] = {**again, "reason": f"dropped: {why}"}
-            else:
-                rows[i] = {**again, "reason": f"timed again with three times the rounds and budget: {first} "
-                                              f"first, then {_ratio(again)} ({again.get('verdict')})"}
 
     def _prove_candidates(self, n: int, p: Proposal, step: Step, warmup: int, seed: int, timing: dict) -> dict:
         """Fix ``n``'s candidate rewrites tried in turn on the model: the first that passes every
@@ -383,8 +358,3 @@ def _failed_check(row: dict) -> str:
         return (f"adds hotspot groups to the contiguous run ({row['contiguous_hotspots_before']} -> "
                 f"{row['contiguous_hotspots_after']})")
     return ""
-
-
-def _ratio(row: dict) -> str:
-    """A row's after / before with its interval and rounds, for a reason."""
-    return f"{row['ratio']:.3f} [{row['ratio_low']:.3f}, {row['ratio_high']:.3f}] in {row['rounds']} rounds"
