@@ -208,38 +208,6 @@ def test_format_keeping_layer_norm_and_instance_norm_swaps():
         auditor.keep_format(nn.InstanceNorm2d(4, track_running_stats=True))
 
 
-@pytest.mark.parametrize("kernel, stride, padding, dilation, groups", [
-    (1, 1, 0, 1, 1), (3, 2, 1, 1, 1), (3, 1, "same", 2, 2), (5, 1, 2, 1, 4)])
-def test_keep_format_computes_a_conv1d_of_tokens_as_a_conv2d_that_keeps_their_order(kernel, stride, padding, dilation,
-                                                                                       groups):
-    """Tokens (B, C, L) whose channels lie innermost (a map's NHWC order, flattened): the same
-    values and gradients in float64 as the Conv1d, the output and the input's gradient in the
-    tokens' order (the Conv1d writes both (B, C, L)-contiguous); a contiguous input goes to the
-    Conv1d itself."""
-    torch.manual_seed(0)
-    conv = nn.Conv1d(8, 12, kernel, stride, padding, dilation, groups).double()
-    swapped = auditor.keep_format(conv)
-    assert type(swapped).__name__ == "TokenConv" and swapped.conv.weight is conv.weight
-    tokens = torch.randn(2, 16, 8, dtype=torch.float64)
-    for x0 in (tokens.transpose(1, 2), tokens.transpose(1, 2).contiguous()):
-        got = []
-        g = torch.randn_like(conv(x0), memory_format=torch.contiguous_format)
-        for m in (conv, swapped):
-            x = x0.detach().requires_grad_()
-            y = m(x)
-            (gx, gw) = torch.autograd.grad(y, (x, conv.weight), g)
-            got.append((y, gx, gw))
-        for a, b in zip(*got):
-            torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-12)
-        y, gx, _ = got[1]
-        if x0.is_contiguous():
-            assert y.stride() == got[0][0].stride() and gx.stride() == got[0][1].stride()
-        else:
-            assert y.stride(1) == 1 and gx.stride(1) == 1 and got[0][1].stride(2) == 1
-    with pytest.raises(ValueError, match="padded by 'reflect'"):
-        auditor.keep_format(nn.Conv1d(2, 2, 3, padding=1, padding_mode="reflect"))
-
-
 def test_keep_format_refuses_a_module_it_has_no_same_valued_replacement_for():
     with pytest.raises(ValueError, match="no format-keeping replacement for ReLU: one exists for .*Softmax"):
         auditor.keep_format(nn.ReLU())

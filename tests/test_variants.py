@@ -632,39 +632,6 @@ def test_convolution_as_a_conv2d():
     _same_values_and_gradients(s, [n])
 
 
-class TokenMixer(nn.Module):
-    """A map's tokens, (B, C, H·W) with their channels innermost, projected by a Conv1d and made
-    a map again for the next convolution (a state-space mixer's projection)."""
-
-    def __init__(self, c=8):
-        super().__init__()
-        self.stem = nn.Conv2d(3, c, 3, padding=1)
-        self.proj = nn.Conv1d(c, c, 1)
-        self.head = nn.Conv2d(c, c, 3, padding=1)
-
-    def forward(self, x):
-        f = self.stem(x)
-        B, C, H, W = f.shape
-        t = self.proj(f.flatten(2))
-        return self.head(t.view(B, C, H, W))
-
-
-@pytest.mark.fix_variant("tokens' Conv1d as a Conv2d")
-def test_tokens_conv1d_as_a_conv2d():
-    s = _suggested(TokenMixer().to(memory_format=CL), torch.randn(2, 3, 8, 8).to(memory_format=CL), fmt=None)
-    n = s.the_fix_by("tokens' Conv1d as a Conv2d")
-    row = s.row(n)
-    assert row["pattern"] == "conv_no_kernel" and row["action"] == SwapModules.action and row["automatic"]
-    assert s.fixes._proposals[n].change.modules == ("proj",)
-    _exact(row["suggestion"], "model.proj = auditor.keep_format(model.proj)")
-    _same_values_and_gradients(s, [n])
-    s.fixes.apply(s.model, exposed=False)
-    try:
-        assert auditor.audit(s.model, *s.inputs, record_time=False).causes().empty
-    finally:
-        s.fixes.undo()
-
-
 @pytest.mark.fix_variant("weight converted")
 def test_weight_converted():
     torch.manual_seed(0)

@@ -4,8 +4,7 @@ Each computes the same values as the module it replaces: ``SoftmaxKeepFormat`` f
 ``Softmax``/``LogSoftmax``, ``LayerNormKeepFormat`` for a ``LayerNorm`` over (C, H, W), a
 ``GroupNorm`` with one group per channel for ``InstanceNorm``, ``GlobalAvgPool`` for an
 ``AdaptiveAvgPool2d(1)``, ``BroadcastUpsample`` for an ``Upsample`` of an N×C×1×1 map, and
-``TemporalConv`` or ``FrameConv`` for a ``Conv3d`` that spans time only or space only, and
-``TokenConv`` for a ``Conv1d`` of a map's tokens.
+``TemporalConv`` or ``FrameConv`` for a ``Conv3d`` that spans time only or space only.
 """
 
 from __future__ import annotations
@@ -197,36 +196,6 @@ def conv3d_keep_format(module: nn.Module) -> nn.Module:
     return swap(module)
 
 
-class TokenConv(nn.Module):
-    """Drop-in for an ``nn.Conv1d`` fed tokens as a (B, C, L) view of (B, L, C) data (a map's
-    channels innermost, as its strides show at run time): the same sums as a ``Conv2d`` of the
-    (B, C, 1, L) view, which is channels_last, so the output and the input's gradient keep the
-    tokens' order; the Conv1d writes both (B, C, L)-contiguous. Any other input goes to the
-    Conv1d itself, so a model run contiguous is as before."""
-
-    def __init__(self, conv: nn.Conv1d):
-        super().__init__()
-        self.conv = conv
-
-    def forward(self, x):
-        c = self.conv
-        if x.dim() != 3 or x.stride(1) != 1 or x.shape[1] < 2 or x.shape[2] < 2:
-            return c(x)
-        padding = c.padding if isinstance(c.padding, str) else (0, c.padding[0])
-        y = F.conv2d(x.unsqueeze(2), c.weight.unsqueeze(2), c.bias, (1, c.stride[0]), padding, (1, c.dilation[0]),
-                     c.groups)
-        return y.squeeze(2)
-
-
-def conv1d_keep_format(module: nn.Module) -> nn.Module:
-    """A plain ``Conv1d`` (zero padding) as a :class:`TokenConv`; ValueError for any other."""
-    if not isinstance(module, nn.Conv1d) or type(module).forward is not nn.Conv1d.forward:
-        raise ValueError(f"{type(module).__name__} is no plain Conv1d")
-    if module.padding_mode != "zeros":
-        raise ValueError(f"a Conv1d padded by {module.padding_mode!r} has no Conv2d of the same sums here")
-    return TokenConv(module)
-
-
 class BroadcastUpsample(nn.Module):
     """Drop-in for an ``nn.Upsample``: an N×C×1×1 map (one pixel per channel) is broadcast to
     the output size as a view (``expand``), where an interpolation writes it full size, and
@@ -286,7 +255,7 @@ SWAPS = {
 BROADCAST_SWAPS = {nn.Upsample: BroadcastUpsample.from_module}
 
 #: convolution type -> a replacement with a channels_last kernel where it has none
-CONV_SWAPS = {nn.Conv3d: conv3d_keep_format, nn.Conv1d: conv1d_keep_format}
+CONV_SWAPS = {nn.Conv3d: conv3d_keep_format}
 
 _EVERY_SWAP = {**SWAPS, **BROADCAST_SWAPS, **CONV_SWAPS}
 
@@ -313,9 +282,7 @@ def keep_format(module: nn.Module) -> nn.Module:
     - ``AdaptiveAvgPool2d/3d(1)``: a sum divided by H·W, whose backward is a view;
     - ``Upsample``: an N×C×1×1 map broadcast as a view (any other input is interpolated);
     - ``Conv3d`` whose kernel, stride and padding span time only: a ``Conv2d`` over (T, H·W);
-      one that spans space only: a ``Conv2d`` over each frame of a channels_last_3d input;
-    - ``Conv1d`` fed a map's tokens with their channels innermost: a ``Conv2d`` of their
-      (B, C, 1, L) view, channels_last.
+      one that spans space only: a ``Conv2d`` over each frame of a channels_last_3d input.
 
     Raises ValueError for any other module, and for one of these types whose settings have no
     same-valued replacement (a pool to more than one value, a Conv3d spanning time and space).

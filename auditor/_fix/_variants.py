@@ -58,8 +58,6 @@ GENERATORS: tuple[Declared, ...] = (
     _fix("whole slice skipped", "_slices", "no_cl_kernel", "a slice that keeps every channel skipped"),
     _fix("convolution as a Conv2d", "_swaps", "conv_no_kernel",
          "a Conv3d that spans time or space alone computed as a Conv2d"),
-    _fix("tokens' Conv1d as a Conv2d", "_swaps", "conv_no_kernel",
-         "a Conv1d of a map's tokens (channels innermost) computed as a Conv2d of their (B, C, 1, L) view"),
     _fix("weight converted", "_swaps", "weight_format", "a convolution weight stored in the format it computes in"),
     _fix("joins", "_joins", "joins", "the first of the join variants below that verification proves"),
     _fix("odd tensor converted", "_mixed_join", "mixed_join",

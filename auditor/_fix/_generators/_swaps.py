@@ -101,29 +101,6 @@ def _conv_swap_fix(c: CauseView) -> Proposal | None:
     return replace(proposal, change=replace(proposal.change, latent=latent, threads=c.threads))
 
 
-@register_fix("tokens' Conv1d as a Conv2d")
-def _token_conv_fix(c: CauseView) -> Proposal | None:
-    """A ``Conv1d`` fed a map's tokens, a (B, C, L) view whose channels lie innermost (its
-    recorded strides), which writes its output (B, C, L)-contiguous: swapped for one that
-    computes the same sums as a Conv2d of the (B, C, 1, L) view, channels_last, which keeps the
-    tokens' order (:class:`~.._keep_format.TokenConv`; any other input runs the Conv1d)."""
-    typ = torch_module_type(c.module_type, CONV_SWAPS)
-    if typ is not torch.nn.Conv1d:
-        return None
-    rows = c.tracer.input_rows(c.forward)
-    if not rows:
-        return None
-    shape = parse_tuple(c.tracer.shape[rows[0]])
-    strides = parse_tuple(str(c.view.tensors["strides"].iat[rows[0]]))
-    if len(shape) != 3 or len(strides) != 3 or strides[1] != 1 or shape[1] < 2 or shape[2] < 2:
-        return None
-    modules = c.instances(typ.__name__)
-    return swap(c, modules, typ, CONV_SWAPS,
-                f"{c.what}: {modules[0]}{and_more(modules)}, a Conv1d, is fed a map's tokens {shape} with their "
-                "channels innermost and writes them (B, C, L)-contiguous; the replacement computes the same sums as "
-                f"a Conv2d of their (B, C, 1, L) view, {c.cl_name}, which keeps the tokens' order")
-
-
 #: what a Conv3d that spans one of these alone is computed as (:mod:`._keep_format`)
 SPANS = {"time only": "a Conv2d over (T, H·W)", "space only": "a Conv2d over each frame"}
 
