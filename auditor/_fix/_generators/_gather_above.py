@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import ast
 import functools
-import linecache
 import textwrap
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -36,7 +35,7 @@ from .._proposal import Candidate, CauseView, where
 from .._registry import register_variant
 from .._statements import candidate, facts_for, functions_at
 from ._join_maps import permuted_into_map, permuted_map_in_nhwc_order
-from ._join_reach import method_of, weight_in_reach
+from ._join_reach import method_ran, weight_in_reach
 
 
 @functools.cache  # one rewrite for one argument: two causes of one statement rewrite it once
@@ -80,24 +79,10 @@ def _caller(c: CauseView):
     hits = np.flatnonzero((view.module == parent) & (view.phase == "forward"))
     if not len(hits):
         return None
-    parent_type = str(view.ops["module_type"].iat[int(hits[0])])
-    for x in hits:
-        path, line = where(str(view.source[int(x)]))
-        if path is None:
-            continue
-        fns = functions_at(path, line)
-        if fns and len(fns) == 1 and method_of(fns[0], parent_type):
-            break
-    else:
+    found = method_ran(c, parent, str(view.ops["module_type"].iat[int(hits[0])]), alone=True)
+    if found is None:
         return None
-    try:
-        tree = ast.parse("".join(linecache.getlines(path)))
-    except SyntaxError:
-        return None
-    method = next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == fns[0].__name__
-                   and n.lineno <= line <= (n.end_lineno or n.lineno)), None)
-    if method is None:
-        return None
+    path, _, fns, method = found
     calls = [n for n in ast.walk(method) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
              and n.func.attr == attribute and isinstance(n.func.value, ast.Name) and n.func.value.id == "self"]
     if len(calls) != 1:

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import ast
 import functools
-import linecache
 import textwrap
 import types
 from collections.abc import Callable, Iterator
 
 import libcst as cst
-import numpy as np
 import torch
 
 from ..._analysis._activations import parse_tuple
@@ -21,7 +19,7 @@ from .._changes import (
     EditSource,
     StatementEdit,
 )
-from .._proposal import Candidate, CauseView, where
+from .._proposal import Candidate, CauseView
 from .._registry import register_variant
 from .._statements import (
     candidate,
@@ -29,10 +27,7 @@ from .._statements import (
     functions_at,
 )
 from ._copies import keep_format_in_copy
-from ._join_reach import (
-    method_of,
-    weight_in_reach,
-)
+from ._join_reach import method_ran, weight_in_reach
 
 
 def copied_map(c: CauseView) -> str | None:
@@ -102,24 +97,10 @@ def _call_site(c: CauseView, name: str) -> tuple[str, int, list[types.FunctionTy
     """(file, line, the functions there) of the one call of ``name`` in the method of the
     cause's module that its recorded ops ran in, as the recorded lines of the module's own ops
     show."""
-    view = c.view
-    for x in np.flatnonzero((view.module == c.module) & (view.phase == "forward")):
-        path, line = where(str(view.source[int(x)]))
-        if path is None:
-            continue
-        fns = functions_at(path, line)
-        if fns and all(method_of(fn, c.module_type) for fn in fns):
-            break
-    else:
+    found = method_ran(c, str(c.module), str(c.module_type))
+    if found is None:
         return None
-    try:
-        tree = ast.parse("".join(linecache.getlines(path)))
-    except SyntaxError:
-        return None
-    method = next((n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-                   and n.lineno <= line <= (n.end_lineno or n.lineno) and n.name == fns[0].__name__), None)
-    if method is None:
-        return None
+    path, _, fns, method = found
     calls = [n.lineno for n in ast.walk(method) if isinstance(n, ast.Call)
              and ((isinstance(n.func, ast.Attribute) and n.func.attr == name)
                   or (isinstance(n.func, ast.Name) and n.func.id == name))]

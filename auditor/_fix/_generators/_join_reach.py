@@ -3,13 +3,16 @@ tensors, and a convolution weight its code can reach (the format the model runs 
 
 from __future__ import annotations
 
+import ast
+import linecache
 import types
 
 import numpy as np
 import torch
 
 from ..._recording._formats import AMBIGUOUS
-from .._proposal import CauseView, module_expr
+from .._proposal import CauseView, module_expr, where
+from .._statements import functions_at
 
 
 def line_events(c: CauseView) -> list[int]:
@@ -80,3 +83,27 @@ def method_of(fn: types.FunctionType, module_type: str) -> bool:
         seen.add(k)
         todo += [s for s in k.__subclasses__() if s not in seen]
     return False
+
+
+def method_ran(c: CauseView, module: str, module_type: str, alone: bool = False
+               ) -> tuple[str, int, list[types.FunctionType], ast.FunctionDef | ast.AsyncFunctionDef] | None:
+    """(file, line, the functions there, the method's syntax tree) of the method of ``module``
+    (a ``module_type``) that its recorded forward ops ran in: the first recorded line held by
+    methods of that class (with ``alone``, by one function only); None where none is."""
+    view = c.view
+    for x in np.flatnonzero((view.module == module) & (view.phase == "forward")):
+        path, line = where(str(view.source[int(x)]))
+        if path is None:
+            continue
+        fns = functions_at(path, line)
+        if fns and (len(fns) == 1 or not alone) and all(method_of(fn, module_type) for fn in fns):
+            break
+    else:
+        return None
+    try:
+        tree = ast.parse("".join(linecache.getlines(path)))
+    except SyntaxError:
+        return None
+    method = next((n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                   and n.lineno <= line <= (n.end_lineno or n.lineno) and n.name == fns[0].__name__), None)
+    return None if method is None else (path, line, fns, method)
