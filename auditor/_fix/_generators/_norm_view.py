@@ -41,6 +41,20 @@ def _channels_innermost(shape: tuple[int, ...], strides: tuple[int, ...]) -> boo
     return ch > 1 and n > 1 and strides[1] == 1 and strides[2] == ch and (b == 1 or strides[0] == ch * n)
 
 
+def _norm_input(tracer, e: int) -> int:
+    """The row of the tensor the norm ``e`` was called with; -1 without one. Where the norm's
+    own module copied its input first (some releases' ``group_norm`` calls ``.contiguous()``
+    before the kernel), the row of the tensor that copy read."""
+    rows = tracer.input_rows(e)
+    if not rows:
+        return -1
+    made_by = int(tracer.graph.producer[rows[0]])
+    if made_by >= 0 and tracer.copy[made_by] and tracer.module[made_by] == tracer.module[e]:
+        copied = tracer.input_rows(made_by)
+        return copied[0] if copied else rows[0]
+    return rows[0]
+
+
 @functools.cache  # one rewrite for one argument: two causes of one statement rewrite it once
 def norm_on_4d_view() -> Callable:
     """The rewrite of the one norm call of a statement (``norm(x)``, ``F.group_norm(x, g, ..)``:
@@ -84,11 +98,11 @@ def _norm_view_fix(c: CauseView) -> Proposal | None:
     op = str(c.tracer.op[c.forward])
     if not op.startswith("aten.native_group_norm") or c.path is None:
         return None
-    rows = c.tracer.input_rows(c.forward)
-    if not rows:
+    row = _norm_input(c.tracer, c.forward)
+    if row < 0:
         return None
     t = c.view.tensors
-    shape, strides = parse_tuple(c.tracer.shape[rows[0]]), parse_tuple(str(t["strides"].iat[rows[0]]))
+    shape, strides = parse_tuple(c.tracer.shape[row]), parse_tuple(str(t["strides"].iat[row]))
     if not _channels_innermost(tuple(shape), tuple(strides)):
         return None
     made = "x".join(map(str, shape))
