@@ -159,3 +159,26 @@ def test_every_chain_of_factors_is_gathered_and_read_in_nhwc_order_exactly(case)
     assert _chain.splits_the_same(shape, steps, chain)
     read = eval(_chain.split_text(chain, len(shape)), {}, {"x": x.contiguous(memory_format=_memory_format(len(shape)))})
     assert torch.equal(read, want)
+
+
+@settings(max_examples=300, deadline=None)
+@given(chains())
+def test_every_chain_from_a_map_to_a_map_is_read_and_gathered_in_nhwc_order_exactly(case):
+    """Where a chain makes a map of its input's rank (windows cut from a map, or put back), the
+    input read in NHWC order and the result gathered in NHWC order put every element where the
+    steps put it; from a channels_last input, a result that was copied is channels_last (its
+    gradient's format is proved on a model: tests/test_variants.py)."""
+    shape, steps = case
+    try:
+        chain = _chain.build("x", shape, steps)
+    except _chain.NotAPermutation:
+        assume(False)
+    fmt = _memory_format(len(shape))
+    x = torch.randn(shape).contiguous(memory_format=fmt)
+    want = _run(x, steps)
+    assume(want.dim() == len(shape))
+    assert _chain.maps_the_same(shape, steps, chain)
+    got = eval(_chain.map_to_map_text(chain), {}, {"x": x})
+    assert torch.equal(got, want)
+    if got.untyped_storage().data_ptr() != x.untyped_storage().data_ptr():
+        assert got.is_contiguous(memory_format=fmt)

@@ -88,7 +88,8 @@ def test_a_joins_candidate_that_follows_the_format_of_a_weight_is_proved_and_bec
     assert not fixes.apply(model).set_index("fix").loc[n, "applied"]  # not automatic before it is proved
     fixes.undo()
     labels = [c.label for c in fixes._proposals[n].candidates]
-    assert len(labels) == 2 and "self.proj.weight" in labels[1]
+    assert len(labels) == 3 and "self.proj.weight" in labels[1]
+    assert labels[2].startswith("the statement's reshapes and permutes gathered")  # the chain, tried last
     fixes = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=2)
     table = fixes.verification
     row = table[(table["kind"] == "fix") & (table["fix"] == n)].iloc[0]
@@ -337,12 +338,16 @@ def test_a_map_split_into_windows_and_gathered_again_is_written_in_nhwc_order():
     by_line = {("split" if "x.reshape" in r.line else "gather"): int(r.fix) for r in joins.itertuples()}
     split = fixes._proposals[by_line["split"]].candidates
     gather = fixes._proposals[by_line["gather"]].candidates
-    assert [c.label for c in split] == ["the map split in NHWC order (permute, reshape, permute back)"]
+    assert [c.label for c in split] == ["the map split in NHWC order (permute, reshape, permute back)",
+                                        "the statement's reshapes and permutes read and gathered in NHWC order in "
+                                        "one copy, where self.conv2.weight is channels_last"]
     assert ("(x.permute(0, 2, 3, 1).reshape(B, H // P, P, W // P, P, C).permute(0, 5, 1, 2, 3, 4) if "
             "x.is_contiguous(memory_format=torch.channels_last) else x.reshape(B, C, H // P, P, W // P, P))"
             in split[0].suggestion)
     assert [c.label for c in gather] == ["the map gathered in NHWC order (channels permuted last)",
-                                         "the map gathered in NHWC order, in the format of self.conv2.weight"]
+                                         "the map gathered in NHWC order, in the format of self.conv2.weight",
+                                         "the statement's reshapes and permutes gathered in NHWC order in one copy, "
+                                         "where self.conv2.weight is channels_last"]
     assert ".permute(0, 1, 3, 2, 4, 5).reshape(B, H, W, C).permute(0, 3, 1, 2)" in gather[0].suggestion
     fixes = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=2)
     table = fixes.verification
@@ -465,7 +470,8 @@ def test_a_gather_whose_permute_is_the_statement_before_is_rewritten_over_both()
     assert len(joins) == 1
     n = int(joins["fix"].iloc[0])
     gather = fixes._proposals[n].candidates
-    assert [c.suggestion.strip().splitlines()[0] for c in gather] == ["x = x.permute(0, 1, 3, 2, 4, 5)"] * 2
+    assert [c.suggestion.strip().splitlines()[0] for c in gather[:2]] == ["x = x.permute(0, 1, 3, 2, 4, 5)"] * 2
+    assert [c.label.startswith("the 3 statements' reshapes and permutes") for c in gather] == [False, False, True]
     assert gather[0].suggestion.strip().splitlines()[-1].strip() == "x = x.reshape(B, H, W, C).permute(0, 3, 1, 2)"
     fixes = fixes.verify(model, x, rounds=3, max_rounds=3, budget_s=2)
     table = fixes.verification

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import copy
 import inspect
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -804,7 +805,7 @@ def test_the_product_transposed():
 
 @pytest.mark.fix_variant("a chain of reshapes")
 def test_a_chain_of_reshapes():
-    """Tried only where no variant before it has a candidate: here the only one."""
+    """Tokens folded into a map: no other variant has a candidate here."""
     s = _suggested(BadCandidate(), torch.randn(2, 3, 4, 4))
     n, (candidate,) = _the_candidates(s, "a chain of reshapes")
     assert [s.variant_of(c) for c in s.fixes._proposals[n].candidates] == ["a chain of reshapes"]
@@ -818,6 +819,61 @@ def test_a_chain_of_reshapes():
            ".reshape(B, 2 * H, W, C // 2).permute(0, 3, 1, 2)\n"
            "        else:\n"
            "            x = t.transpose(1, 2).reshape(B, C // 2, 2 * H, W)")
+
+
+class ConvOnWindows(nn.Module):
+    """A convolution run on windows: the map cut into ws x ws windows and put back."""
+
+    def __init__(self, c=8, ws=2):
+        super().__init__()
+        self.ws = ws
+        self.stem = nn.Conv2d(3, c, 3, padding=1)
+        self.local = nn.Conv2d(c, c, 3, padding=1)
+        self.head = nn.Conv2d(c, 4, 1)
+
+    def forward(self, x):
+        f = self.stem(x)
+        n, c, h, w = f.shape
+        ws = self.ws
+        win = f.view(n, c, h // ws, ws, w // ws, ws).permute(0, 2, 4, 1, 3, 5).reshape(-1, c, ws, ws)
+        win = self.local(win)
+        f = win.view(n, h // ws, w // ws, c, ws, ws).permute(0, 3, 1, 4, 2, 5).reshape(n, c, h, w)
+        return self.head(f)
+
+
+@pytest.mark.fix_variant("a chain of reshapes")
+def test_a_map_cut_into_windows_is_read_and_gathered_in_nhwc_order_and_its_two_causes_proved_by_one_rewrite():
+    """The windows cut from a channels_last map: the map read in its memory order and the
+    windows gathered in NHWC order, so the forward copy and the backward merge both keep the
+    format. The line's forward and backward copies are two causes; verify proves both with the
+    same rewrite (a candidate that agrees with a fix proved before is tried first), so the fixes
+    are made together."""
+    s = _suggested(ConvOnWindows(), torch.randn(2, 3, 8, 8))
+    cut = "        win = f.view(n, c, h // ws, ws, w // ws, ws).permute(0, 2, 4, 1, 3, 5).reshape(-1, c, ws, ws)"
+    found = [(n, c) for n, c in s.candidates_of("a chain of reshapes") if c.line == cut]
+    assert len({n for n, _ in found}) == 2  # its forward and its backward copy
+    n, candidate = found[0]
+    assert candidate.label == ("the statement's reshapes and permutes read and gathered in NHWC order in one copy, "
+                               "where self.local.weight is channels_last")
+    _exact(candidate.suggestion,
+           "        if ((_w := self.local.weight).stride(1) == 1 and (_w.shape[1] == 1 or _w.stride(-1) > 1)):\n"
+           "            win = f.permute(0, 2, 3, 1).reshape(n, h // ws, ws, w // ws, ws, c).permute(0, 1, 3, 2, 4, 5)"
+           ".reshape(n * (h // ws) * (w // ws), ws, ws, c).permute(0, 3, 1, 2)\n"
+           "        else:\n"
+           f"    {cut}")
+    _candidate_is_exact(s, n, candidate)
+    verified = s.fixes.verify(s.model, *s.inputs)
+    table = verified.verification
+    fixes = table[table["kind"] == "fix"]
+    assert fixes["applied"].all() and (fixes["hotspots_after"] == 0).all(), fixes.to_string()
+    together = table[table["kind"] == "all"].iloc[0]
+    assert together["applied"] and together["same_outputs"] and together["hotspots_after"] == 0, together
+    model = copy.deepcopy(s.model)
+    verified.apply(model, *s.inputs)
+    try:
+        assert auditor.audit(model, *s.inputs).causes().empty
+    finally:
+        verified.undo()
 
 
 @pytest.mark.fix_variant("the new tensor meets an image")

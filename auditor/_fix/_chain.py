@@ -200,6 +200,40 @@ def nhwc_text(chain: Chain) -> str:
     return f"{chain.name}.reshape({cut}){permute}.reshape({sizes}).permute({back})"
 
 
+def map_to_map_text(chain: Chain) -> str:
+    """The chain's result (a map (B, C, *spatial)) made from its input map (the same rank) read
+    in NHWC order and gathered in NHWC order: the input permuted to (B, *spatial, C), a view of
+    channels_last memory, cut into its factors there, permuted so the result's channels come
+    last, merged by the one copy the chain made anyway, and viewed back as (B, C, *spatial). A
+    map cut into windows (or windows put back) keeps the format both ways: its gradient is
+    merged in NHWC order too, where :func:`nhwc_text`'s would be merged in NCHW order."""
+    rank = len(chain.dims)
+    nhwc, _ = read_in_nhwc_order(chain, rank)
+    perm = _positions([f for i in _nhwc(rank) for f in chain.dims[i]], nhwc)
+    to_nhwc = ", ".join(map(str, _nhwc(rank)))
+    cut = ", ".join(f.expr for f in nhwc)
+    sizes = ", ".join(chain.size_exprs(_nhwc(rank)))
+    back = ", ".join(map(str, [0, rank - 1, *range(1, rank - 1)]))
+    permute = "" if perm == sorted(perm) else f".permute({', '.join(map(str, perm))})"
+    return f"{chain.name}.permute({to_nhwc}).reshape({cut}){permute}.reshape({sizes}).permute({back})"
+
+
+def maps_the_same(shape: tuple[int, ...], steps: list[Step], chain: Chain) -> bool:
+    """Whether :func:`map_to_map_text`'s reading and gathering takes every element where the
+    steps put it, at the recorded sizes."""
+    rank = len(shape)
+    if len(chain.dims) != rank:
+        return False
+    x = torch.arange(math.prod(shape)).reshape(shape)
+    y = _moved(x, steps)
+    nhwc, _ = read_in_nhwc_order(chain, rank)
+    perm = _positions([f for i in _nhwc(rank) for f in chain.dims[i]], nhwc)
+    sizes = [math.prod(f.size for f in chain.dims[i]) for i in _nhwc(rank)]
+    z = x.permute(_nhwc(rank)).reshape([f.size for f in nhwc]).permute(perm).reshape(sizes).permute(
+        0, rank - 1, *range(1, rank - 1))
+    return z.shape == y.shape and bool(torch.equal(z, y))
+
+
 def build(name: str, shape: tuple[int, ...], steps: list[Step]) -> Chain:
     """The chain of ``steps`` from a tensor ``name`` of ``shape``."""
     chain = Chain(name, shape)

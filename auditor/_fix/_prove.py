@@ -18,7 +18,7 @@ from . import _verify as verification
 from ._changes import EditSource, KeepContiguous, by_hand
 from ._making import applied as fixes_applied
 from ._making import audit_step, cause_keys, code_off, exposed_rounds
-from ._proposal import Proposal
+from ._proposal import Candidate, Proposal
 
 #: where a cause is: a fixed cause whose line, op and phase an audit still has is still there
 _CAUSE_AT = ["phase", "op", "source"]
@@ -175,7 +175,7 @@ class Proof:
         fix stays the region it was)."""
         region = p.kind is KeepContiguous
         failures = []
-        for cand in p.candidates:
+        for cand in self._agreeing_first(n, p.candidates):
             trial = replace(p, kind=EditSource, change=cand.change, reason="", line=cand.line,
                             suggestion=cand.suggestion, detail=p.proved_detail or p.detail)
             self._proposals[n] = trial
@@ -206,6 +206,17 @@ class Proof:
             self._proposals[n] = replace(p, change=None, reason=unproved)
             self._set_row(n, automatic=False, reason=unproved, suggestion="")
         return self._unapplied(n, by_hand(self._proposals[n].reason))
+
+    def _agreeing_first(self, n: int, candidates: tuple[Candidate, ...]) -> list[Candidate]:
+        """``candidates`` with those that rewrite their statements as a fix proved before ``n``
+        rewrites them tried first, in their order: two causes of one statement (its forward and
+        its backward copy) proved with different rewrites of it could not be made together."""
+        made = {(e.statement.path, e.statement.first, e.statement.last, e.rewrite, e.facts)
+                for m, q in self._proposals.items() if m != n and q.automatic and isinstance(q.change, EditSource)
+                for e in q.change.edits}
+        agrees = [all((e.statement.path, e.statement.first, e.statement.last, e.rewrite, e.facts) in made
+                      for e in cand.change.edits) for cand in candidates]
+        return [c for c, a in zip(candidates, agrees) if a] + [c for c, a in zip(candidates, agrees) if not a]
 
     def _set_row(self, n: int, **values) -> None:
         """Fix ``n``'s row of :attr:`frame` changed in place (whoever holds the frame sees it)."""

@@ -18,12 +18,10 @@ class Declared:
     family: str  #: the module under ``auditor/_fix/_generators/`` its code is in
     patterns: tuple[str, ...]  #: the cause patterns it fixes (a variant: its family's pattern)
     does: str  #: what it changes, in a few words, for the docs
-    #: a variant tried only where no variant before it has a candidate
-    fallback: bool = False
 
 
-def _fix(name, family, patterns, does, fallback=False) -> Declared:
-    return Declared(name, family, tuple(patterns.split()), does, fallback)
+def _fix(name, family, patterns, does) -> Declared:
+    return Declared(name, family, tuple(patterns.split()), does)
 
 
 #: the fix generators; for each pattern, those that serve it are tried in this order and the
@@ -88,8 +86,8 @@ VARIANTS: tuple[Declared, ...] = (
     _fix("the product transposed", "_join_products", "joins",
          "a product that makes a map computed transposed, so it writes NHWC order"),
     _fix("a chain of reshapes", "_join_chains", "joins",
-         "reshapes and permutes over several statements gathered in NHWC order in one copy "
-         "(tried where no variant above applies)", fallback=True),
+         "reshapes and permutes over several statements gathered in NHWC order in one copy (a map cut into "
+         "windows read in its memory order too)"),
     _fix("the new tensor meets an image", "_join_products", "joins",
          "a new tensor copied into the format of the image it is first added to or multiplied with"),
     _fix("a chain read in memory order", "_join_chains", "reshape_merge",

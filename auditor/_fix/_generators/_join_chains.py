@@ -32,8 +32,10 @@ def a_chain_of_reshapes(c: CauseView, weight: str | None) -> list[Candidate]:
     """The map the cause's tensor is, or was made from a few ops before (a pool, a view),
     where a chain of reshapes and permutes over several statements folds it out of tokens:
     the chain gathered in NHWC order in one copy, where a convolution weight in reach is in the
-    format (:func:`._rewrite.chain_in_format_of`), proposed as a candidate. None where the
-    recorded shapes show no permutation of factors, or no weight is in reach."""
+    format (:func:`chain_in_format_of`), proposed as a candidate; where the chain's input is a
+    map in the format too (windows cut from a map), it is read in its memory order as well, so
+    its gradient is merged in NHWC order. None where the recorded shapes show no permutation of
+    factors, or no weight is in reach."""
     from .. import _chain
 
     seen = set()
@@ -53,9 +55,13 @@ def a_chain_of_reshapes(c: CauseView, weight: str | None) -> list[Candidate]:
         reach = weight_in_reach(c, functions_at(path, line), at=anchor)
         if reach is None:
             continue
-        text = _chain.nhwc_text(max(chains, key=lambda ch: len(ch.chain.order)).chain)
-        label = (f"{_statements_of(parts)} reshapes and permutes gathered in NHWC order in one copy, where {reach} "
-                 f"is {c.cl_name}")
+        longest = max(chains, key=lambda ch: len(ch.chain.order))
+        if all(len(ch.shape) == c.rank and in_format(c, ch.first) and _chain.maps_the_same(ch.shape, ch.steps, ch.chain)
+               for ch in chains):  # a map in the format cut or put back: read in its memory order too
+            text, how = _chain.map_to_map_text(longest.chain), "read and gathered in NHWC order"
+        else:
+            text, how = _chain.nhwc_text(longest.chain), "gathered in NHWC order"
+        label = f"{_statements_of(parts)} reshapes and permutes {how} in one copy, where {reach} is {c.cl_name}"
         made = candidate(c, label, chain_in_format_of(text, reach), at=(path, statement.first), span=len(parts))
         return [made] if made is not None else []
     return []

@@ -39,13 +39,10 @@ def _joins_fix(c: CauseView) -> Proposal:
 
 def _join_candidates(c: CauseView) -> list[Candidate]:
     """The candidate rewrites of a join (:func:`_joins_fix`) its variants' detectors find in the
-    recorded shapes and strides, in the declared order; a variant declared as tried where none
-    before it applies is tried only then."""
+    recorded shapes and strides, in the declared order."""
     weight = weight_in_reach(c, functions_at(c.path, c.lineno)) if c.path else None
     found: list[Candidate] = []
-    for variant, detect in variants(c.pattern):
-        if variant.fallback and found:
-            continue
+    for _, detect in variants(c.pattern):
         found += [x for x in detect(c, weight) if x is not None]
     return found
 
