@@ -19,6 +19,7 @@ from ._convert import CHANNELS_LAST_OF_RANK
 from ._matmul import matmul
 from ._restride import restride
 from ._roi_align import roi_align
+from ._split import chunk, split
 
 
 def softmax_keep_format(x: torch.Tensor, dim: int, log: bool = False) -> torch.Tensor:
@@ -298,7 +299,11 @@ def keep_format(module: nn.Module) -> nn.Module:
       gets both maps' gradients channels_last), with the same products;
     - ``keep_format.restride(x, weight)``: a map in both formats at once (its channels, or its
       height and width, are 1) as a view in the format of a convolution ``weight``, so that
-      what PyTorch computes from it follows that format."""
+      what PyTorch computes from it follows that format;
+    - ``keep_format.split`` and ``keep_format.chunk``: ``torch.split`` and ``torch.chunk``, the
+      same views, whose backward writes the gradient in the split tensor's format, where
+      torch's writes it contiguous once the parts' gradients differ in order or a part is not
+      used."""
     base = next((t for t in type(module).__mro__ if t in _EVERY_SWAP), None)
     if base is None:
         raise ValueError(f"no format-keeping replacement for {type(module).__name__}: one exists for "
@@ -309,6 +314,8 @@ def keep_format(module: nn.Module) -> nn.Module:
 keep_format.roi_align = roi_align
 keep_format.matmul = matmul
 keep_format.restride = restride
+keep_format.split = split
+keep_format.chunk = chunk
 
 
 def swap_module(model: nn.Module, name: str, table: dict | None = None) -> nn.Module:

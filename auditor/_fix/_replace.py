@@ -164,3 +164,46 @@ class ReplaceProduct:
         module = syn.replace_node(module, node, new)
         return syn.insert_before(module, f"from auditor import keep_format as {name}" if name != "keep_format"
                                  else "from auditor import keep_format")
+
+
+#: the recorded ops of a split into views (``torch.chunk`` runs as ``split``)
+SPLIT_OPS = ("aten.split.Tensor", "aten.split_with_sizes.default", "aten.chunk.default")
+
+
+@dataclass(frozen=True)
+class ReplaceSplit:
+    """The change of a statement holding one split of a tensor (``x.chunk(3, dim=1)``,
+    ``x.split([a, b], 1)``, ``torch.chunk(x, 2)``, ``torch.split(x, s, dim=1)``): it becomes
+    ``keep_format.chunk(x, ...)`` or ``keep_format.split(x, ...)``, the same views, whose backward
+    writes the gradient in the format of ``x`` (:mod:`._split`). A statement rewrite, as
+    :class:`ReplaceCall`."""
+
+    def describe(self) -> str:
+        return "call auditor.keep_format.split or chunk in place of the split"
+
+    def __call__(self, module, facts):
+        import libcst as cst
+
+        from . import _syntax as syn
+
+
+        def split_of(node) -> tuple | None:
+            """(its function's name, the tensor, its other arguments) of a split call, or None."""
+            if not isinstance(node, cst.Call) or syn.callee(node) not in ("split", "chunk") \
+                    or any(a.star for a in node.args):
+                return None
+            if syn.is_method(node, facts.torch):
+                return syn.callee(node), node.func.value, list(node.args)
+            if syn.code(node.func) in (f"{facts.torch}.split", f"{facts.torch}.chunk") and node.args \
+                    and node.args[0].keyword is None:
+                return syn.callee(node), node.args[0].value, list(node.args[1:])
+            return None
+
+        node = syn.the_one(syn.find(module, lambda n: split_of(n) is not None), "split of a tensor (x.chunk, x.split)")
+        fn, tensor, rest = split_of(node)
+        name = facts.new_name("keep_format")
+        arguments = ", ".join([syn.code(tensor), *(syn.code(a.with_changes(comma=cst.MaybeSentinel.DEFAULT))
+                                                  for a in rest)])
+        module = syn.replace_node(module, node, syn.expr(f"{name}.{fn}({arguments})"))
+        return syn.insert_before(module, f"from auditor import keep_format as {name}" if name != "keep_format"
+                                 else "from auditor import keep_format")

@@ -46,6 +46,8 @@ GENERATORS: tuple[Declared, ...] = (
     _fix("stack reduced", "_reductions", "stack_reduce", "a stack reduced along the stack as the sum of the branches"),
     _fix("broadcast", "_reductions", "nc11_broadcast",
          "an N×C×1×1 map interpolated as a broadcast; a mean over the channels as a sum"),
+    _fix("split keeping the format", "_slices", "channel_slice",
+         "a split or chunk of a map called as keep_format's, whose backward writes the gradient in the map's format"),
     _fix("slices as a split", "_slices", "channel_slice", "slices of the channels taken as one split"),
     _fix("out of place", "_copies", "inplace_view", "an in-place op on a view written out of place"),
     _fix("weight flattened in memory order", "_copies", "weight_rebuilt",

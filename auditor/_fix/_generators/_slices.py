@@ -16,6 +16,22 @@ from .._statements import (
 )
 
 
+@register_fix("split keeping the format")
+def _format_keeping_split_fix(c: CauseView) -> Proposal | None:
+    """A split of a map (``chunk``, ``split``) whose backward joins its parts' gradients
+    contiguous: called as ``keep_format``'s, the same views, whose backward writes the gradient
+    in the map's format."""
+    from .._replace import SPLIT_OPS, ReplaceSplit
+
+    if str(c.tracer.op[c.forward]) not in SPLIT_OPS:
+        return None
+    found = statement_edit(c, ReplaceSplit(), detail=(
+        f"{c.what}: the split's backward joins its parts' gradients with one cat, contiguous where they come back "
+        "in different orders or a part is not used; auditor.keep_format's split of the same views writes the "
+        "gradient in the format of the tensor it split"))
+    return found if found.automatic else None
+
+
 @register_fix("slices as a split")
 def _slice_fix(c: CauseView) -> Proposal:
     if c.tracer.op[c.forward].startswith(SPLITS):
