@@ -1,6 +1,6 @@
 """What each format-keeping replacement of ``auditor.keep_format`` costs against the native op, forward and backward.
 
-    flock /tmp/bench.lock env OMP_NUM_THREADS=1 .venv/bin/python benchmarks/replacements.py [--rounds 9] [--sizes small realistic]
+    flock /tmp/bench.lock env OMP_NUM_THREADS=1 .venv/bin/python benchmarks/replacements.py [--rounds 9] [--cases ...] [--sizes small realistic]
 
 Each replacement and the op it replaces, on the same channels_last inputs (random, float32), at
 a small size and a realistic one, timed interleaved in one process at one thread, process CPU
@@ -15,6 +15,11 @@ median, and the format of the output and of the input's gradient each writes.
 - ``matmul`` against ``torch.matmul``, as RAFT's correlation ``fmap1.mT @ fmap2`` of two maps'
   (B, C, H·W) views: small, 2x64x16x16 maps; realistic, RAFT's 1/8 feature maps of a 440x1024
   frame pair (1x256x55x128).
+- ``chunk`` against ``torch.chunk``, a map cut into 3 parts along its channels, the query, key
+  and value of an attention's weights, whose gradients come back in different orders (the
+  product's backward writes the key's row-major): small, 2x48x16x16; realistic, 4x768x16x16
+  (256 channels each). Both compute the same product; the times differ by the split's
+  backward alone, which writes the map's gradient contiguous (torch) or channels_last.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ SIZES = ("small", "realistic")
 
 def parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     p.add_argument("--sizes", nargs="+", default=list(SIZES), choices=SIZES)
     p.add_argument("--rounds", type=int, default=9, help="interleaved timed rounds (at least 4)")
     args = p.parse_args(argv)
@@ -89,7 +95,20 @@ def matmul_case(size: str):
             lambda x, y: auditor.keep_format.matmul(*views(x, y)), "torch.matmul")
 
 
-CASES = {"roi_align": roi_align_case, "matmul": matmul_case}
+def chunk_case(size: str):
+    b, c, h, w = (2, 48, 16, 16) if size == "small" else (4, 768, 16, 16)
+    torch.manual_seed(0)
+    x = torch.randn(b, c, h, w).to(memory_format=CL)
+
+    def used(q, k, v):  # an attention's weights: the product's backward writes q's and k's gradients row-major
+        weights = torch.matmul(q.flatten(2).mT, k.flatten(2)).softmax(-1).mean(-1)
+        return v * weights.view(b, 1, h, w)
+
+    return (f"a {b}x{c}x{h}x{w} map in 3 parts", x, (x,), lambda t: used(*torch.chunk(t, 3, dim=1)),
+            lambda t: used(*auditor.keep_format.chunk(t, 3, dim=1)), "torch.chunk")
+
+
+CASES = {"roi_align": roi_align_case, "matmul": matmul_case, "chunk": chunk_case}
 
 
 def _format(t: torch.Tensor) -> str:
@@ -137,7 +156,7 @@ def main(argv=None) -> int:
           f"load average {load:.2f}\n")
     print("| replacement | size | inputs | phase | variant | ms | ratio to native [95%] | writes |")
     print("|---|---|---|---|---|---|---|---|")
-    for name in CASES:
+    for name in args.cases:
         for size in args.sizes:
             for r in measure(name, size, args.rounds):
                 ratio = "1" if not r["variant"].startswith("keep_format") else \

@@ -424,3 +424,96 @@ def test_the_engine_restrides_through_the_layer_whose_method_holds_the_line():
     fix = table[(table["kind"] == "fix") & (table["fix"] == rows.iloc[0]["fix"])].iloc[0]
     assert fix["applied"] and fix["same_outputs"], fix["reason"]
     assert fix["hotspots_after"] < fix["hotspots_before"]
+
+
+# -- split and chunk whose backward writes the gradient in the split tensor's format --------------------
+
+
+_SPLITS = [("chunk", (3,), 1), ("chunk", (2,), 1), ("chunk", (4,), -3), ("chunk", (5,), 1), ("chunk", (2,), 0),
+           ("split", (2,), 1), ("split", ([1, 4, 1],), 1), ("split", ([6],), 1), ("split", (4,), 3),
+           ("chunk", (3,), 2)]
+
+
+@pytest.mark.parametrize("fmt", [CL, torch.contiguous_format])
+@pytest.mark.parametrize("used", ["all", "first", "last"])
+@pytest.mark.parametrize("fn, args, dim", _SPLITS)
+def test_split_and_chunk_match_torch_and_write_the_gradient_in_the_split_tensor_s_format(fn, args, dim, used, fmt):
+    """The same views forward, the same gradient in float64, over split sizes (even, uneven, one
+    part, more parts than channels), dimensions (negative too), parts used in different memory
+    orders or not used at all; the gradient is in the split tensor's format."""
+    from auditor._fix import _split
+
+    x = _map((2, 6, 3, 4)).detach().contiguous(memory_format=fmt).requires_grad_()
+    got = getattr(_split, fn)(x, *args, dim=dim)
+    want = getattr(torch, fn)(x, *args, dim=dim)
+    assert len(got) == len(want)
+    assert all(torch.equal(a, b) and a.stride() == b.stride() and a.data_ptr() == b.data_ptr() for a, b in zip(got, want))
+
+    def loss(parts):
+        pick = {"all": parts, "first": parts[:1], "last": parts[-1:]}[used]
+        # every other part copied contiguous first, so its gradient comes back in another order
+        return sum(((p.contiguous() if k % 2 else p) * (k + 1)).sin().sum() for k, p in enumerate(pick))
+
+    (g,) = torch.autograd.grad(loss(got), x)
+    (h,) = torch.autograd.grad(loss(want), x)
+    _close(g, h)
+    assert g.is_contiguous(memory_format=fmt)
+    if fmt is CL and len(want) > 1:
+        assert not h.is_contiguous(memory_format=CL)  # what torch's own writes
+
+
+def test_split_is_torch_s_own_where_no_gradient_is_taken():
+    from auditor._fix import _split
+
+    x = _map((2, 6, 3, 4))
+    with torch.no_grad():
+        parts = _split.chunk(x, 3, dim=1)
+    assert all(p.grad_fn is None for p in parts)
+    parts = _split.split(x.detach(), 2, dim=1)
+    assert all(p.grad_fn is None for p in parts)
+
+
+def test_split_parts_are_views_that_refuse_an_in_place_write_as_torch_s_do():
+    from auditor._fix import _split
+
+    x = _map((2, 6, 3, 4)) * 1
+    for fn in (_split.chunk, torch.chunk):
+        a, _ = fn(x, 2, dim=1)
+        with pytest.raises(RuntimeError, match="view"):
+            a.mul_(2)
+
+
+def test_split_has_a_second_derivative():
+    from auditor._fix import _split
+
+    x = _map((1, 4, 2, 3))
+    assert torch.autograd.gradgradcheck(lambda t: _split.chunk(t, 2, dim=1), (x,))
+
+
+def test_keep_format_names_split_and_chunk():
+    from auditor._fix import _split
+
+    assert auditor.keep_format.split is _split.split and auditor.keep_format.chunk is _split.chunk
+    assert "keep_format.split" in auditor.keep_format.__doc__
+
+
+@pytest.mark.parametrize("text, new", [
+    ("q, k, v = self.qkv(f).chunk(3, dim=1)\n", "q, k, v = keep_format.chunk(self.qkv(f), 3, dim=1)\n"),
+    ("a, b = x.split([c, c * 2], 1)  # parts\n", "a, b = keep_format.split(x, [c, c * 2], 1)  # parts\n"),
+    ("a, b = torch.chunk(x, chunks=2, dim=1)\n", "a, b = keep_format.chunk(x, chunks=2, dim=1)\n"),
+    ("y = torch.split(x + 1, 4, dim=1)[0] * 2\n", "y = keep_format.split(x + 1, 4, dim=1)[0] * 2\n"),
+])
+def test_the_split_becomes_keep_format_s(text, new):
+    from auditor._fix._replace import ReplaceSplit
+
+    assert _rewrite(ReplaceSplit(), text) == "from auditor import keep_format\n" + new
+
+
+@pytest.mark.parametrize("text", ["a = x.view(2, -1)\n", "a, b = x.chunk(2, 1) + y.chunk(2, 1)\n",
+                                  "a, b = x.chunk(*sizes)\n"])
+def test_a_statement_without_one_split_is_refused(text):
+    from auditor._fix import _syntax as rw
+    from auditor._fix._replace import ReplaceSplit
+
+    with pytest.raises(rw.Refused):
+        _rewrite(ReplaceSplit(), text)

@@ -525,6 +525,34 @@ def test_broadcast():
     _same_values_and_gradients(s, [n])
 
 
+class ChunkedAttention(nn.Module):
+    """Query, key and value chunked from one channels_last map and used in different orders."""
+
+    def __init__(self, c=8):
+        super().__init__()
+        self.qkv = nn.Conv2d(3, 3 * c, 3, padding=1)
+        self.head = nn.Conv2d(c, 4, 1)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).chunk(3, dim=1)
+        n, c, h, w = q.shape
+        q, k, v = q.reshape(n, c, h * w), k.reshape(n, c, h * w), v.reshape(n, c, h * w)
+        attn = torch.softmax(q.transpose(1, 2) @ k, dim=-1)
+        return self.head((v @ attn.transpose(1, 2)).reshape(n, c, h, w))
+
+
+@pytest.mark.fix_variant("split keeping the format")
+def test_split_keeping_the_format():
+    s = _suggested(ChunkedAttention(), torch.randn(2, 3, 8, 8))
+    n = s.the_fix_by("split keeping the format")
+    row = s.row(n)
+    assert row["pattern"] == "channel_slice" and row["automatic"]
+    _exact(row["line"], "        q, k, v = self.qkv(x).chunk(3, dim=1)")
+    _exact(row["suggestion"], "        from auditor import keep_format\n"
+                              "        q, k, v = keep_format.chunk(self.qkv(x), 3, dim=1)")
+    _same_values_and_gradients(s, [n])
+
+
 @pytest.mark.fix_variant("slices as a split")
 def test_slices_as_a_split():
     s = _suggested(SlicedBranches(), torch.randn(2, 3, 8, 8))

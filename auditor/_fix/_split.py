@@ -28,26 +28,33 @@ def _format_of(x: Tensor) -> torch.memory_format:
                 torch.contiguous_format)
 
 
+#: a dense format -> the order of a tensor's dimensions in memory, outermost first
+_MEMORY_ORDER = {torch.contiguous_format: None, torch.channels_last: (0, 2, 3, 1), torch.channels_last_3d: (0, 2, 3, 4, 1)}
+
+
 class _FormatKeepingSplit(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, sizes: tuple[int, ...], dim: int):
         ctx.set_materialize_grads(False)
         ctx.shape, ctx.sizes, ctx.dim = x.shape, sizes, dim
-        ctx.options = {"dtype": x.dtype, "device": x.device, "memory_format": _format_of(x)}
+        ctx.format, ctx.options = _format_of(x), {"dtype": x.dtype, "device": x.device}
         return tuple(x.split(list(sizes), dim))
 
     @staticmethod
     def backward(ctx, *grads: Tensor | None):
-        grad = torch.empty(ctx.shape, **ctx.options)
-        start = 0
+        # the parts' gradients joined by one cat in the split tensor's memory order: each read
+        # permuted into that order, the cat written contiguous there, permuted back
+        order = _MEMORY_ORDER[ctx.format] or tuple(range(len(ctx.shape)))
+        at = order.index(ctx.dim)
+        parts = []
         for size, g in zip(ctx.sizes, grads):
-            part = grad.narrow(ctx.dim, start, size)
             if g is None:
-                part.zero_()
+                shape = [ctx.shape[d] if d != ctx.dim else size for d in order]
+                parts.append(torch.zeros(shape, **ctx.options))
             else:
-                part.copy_(g)
-            start += size
-        return grad, None, None
+                parts.append(g.permute(order))
+        grad = torch.cat(parts, at).permute([order.index(d) for d in range(len(order))])
+        return grad.contiguous(memory_format=ctx.format), None, None
 
 
 def split(x: Tensor, split_size_or_sections: int | Sequence[int], dim: int = 0) -> tuple[Tensor, ...]:
