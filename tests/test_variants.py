@@ -904,6 +904,48 @@ def test_a_map_cut_into_windows_is_read_and_gathered_in_nhwc_order_and_its_two_c
         verified.undo()
 
 
+class Unfolded(nn.Module):
+    """A padded map unfolded into overlapping windows (a halo attention's keys and values)."""
+
+    def __init__(self, c=8):
+        super().__init__()
+        self.kv = nn.Conv2d(3, c, 3, padding=1)
+        self.head = nn.Conv2d(c, 4, 1)
+
+    def forward(self, x):
+        kv = F.pad(self.kv(x), [1, 1, 1, 1])
+        win = kv.unfold(2, 4, 2).unfold(-2, 4, 2)
+        return self.head(win[..., 1, 1] * win[..., 2, 2])
+
+
+@pytest.mark.fix_variant("a map unfolded on its NHWC view")
+def test_a_map_unfolded_on_its_nhwc_view():
+    """The cause is the pad's backward, which passes on the gradient the unfold's backward made
+    contiguous; the candidate rewrites the unfold's statement, the line after."""
+    s = _suggested(Unfolded(), torch.randn(2, 3, 8, 8))
+    n, (candidate,) = _the_candidates(s, "a map unfolded on its NHWC view")
+    assert s.row(n)["op"] == "aten.constant_pad_nd.default"
+    assert candidate.label == "the map unfolded on its NHWC view"
+    _exact(candidate.line, "        win = kv.unfold(2, 4, 2).unfold(-2, 4, 2)")
+    _exact(candidate.suggestion, "        win = (kv.permute(0, 2, 3, 1).unfold(1, 4, 2).unfold(2, 4, 2).permute(0, 3, 1, 2, 4, 5) "
+                                 "if kv.is_contiguous(memory_format=torch.channels_last) else "
+                                 "kv.unfold(2, 4, 2).unfold(-2, 4, 2))")
+    _candidate_is_exact(s, n, candidate)
+    verified = s.fixes.verify(s.model, *s.inputs)
+    row = verified.verification.set_index("fix").loc[n]
+    assert row["applied"] and row["same_outputs"] and row["hotspots_after"] == 0, row["reason"]
+
+
+@pytest.mark.parametrize("text", ["w = x.unfold(d, 4, 2)\n", "w = x.unfold(4, 2, 2).unfold(4, 2, 2)\n",
+                                  "w = x.unfold(2, 4, 2) + y.unfold(2, 4, 2)\n"])
+def test_an_unfold_that_is_not_of_a_map_s_own_literal_dimensions_is_refused(text):
+    from auditor._fix import _syntax as rw
+    from auditor._fix._generators._join_unfold import unfold_in_nhwc_order
+
+    with pytest.raises(rw.Refused):
+        rw.rewrite(rw.Statement("f.py", 1, 1, text), [(unfold_in_nhwc_order(4), rw.Facts(taken=frozenset()))])
+
+
 @pytest.mark.fix_variant("the new tensor meets an image")
 def test_the_new_tensor_meets_an_image():
     s = _suggested(Flow(meet="add"), torch.randn(2, 3, 8, 8))

@@ -79,6 +79,9 @@ VARIANTS: tuple[Declared, ...] = (
          "a map cut into windows or heads read in NHWC order (permute, reshape, permute back)"),
     _fix("windows gathered into a map", "_join_maps", "joins",
          "windows or heads gathered back into a map with the channels permuted last"),
+    _fix("a map unfolded on its NHWC view", "_join_unfold", "joins",
+         "a map unfolded into overlapping windows (x.unfold(2, k, s).unfold(3, k, s)) on its NHWC view, so the "
+         "unfold's backward makes the map's gradient in NHWC order"),
     _fix("a copy of a channels_last view", "_join_copies", "joins",
          "the copy of a map that is a channels_last view dropped, or made in the format"),
     _fix("the copy made at the caller", "_join_copies", "joins",
