@@ -946,6 +946,50 @@ def test_an_unfold_that_is_not_of_a_map_s_own_literal_dimensions_is_refused(text
         rw.rewrite(rw.Statement("f.py", 1, 1, text), [(unfold_in_nhwc_order(4), rw.Facts(taken=frozenset()))])
 
 
+class TalkingHeads(nn.Module):
+    """An attention whose scores (made from no image) are mixed across heads by 1x1
+    convolutions, as EfficientFormerV2's talking heads do, before they meet the values."""
+
+    def __init__(self, c=8, heads=4, n=16):
+        super().__init__()
+        self.heads = heads
+        self.q = nn.Conv2d(3, c, 1)
+        self.k = nn.Conv2d(3, c, 1)
+        self.v = nn.Conv2d(3, c, 1)
+        self.talking1 = nn.Conv2d(heads, heads, 1)
+        self.talking2 = nn.Conv2d(heads, heads, 1)
+        self.proj = nn.Conv2d(c, 4, 1)
+        self.bias = nn.Parameter(torch.zeros(heads, n, n))
+
+    def forward(self, x):
+        B, _, H, W = x.shape
+        q = self.q(x).reshape(B, self.heads, -1, H * W).transpose(-2, -1)
+        k = self.k(x).reshape(B, self.heads, -1, H * W)
+        v = self.v(x)
+        attn = (q @ k) * 0.5
+        attn = attn + self.bias
+        attn = self.talking2(self.talking1(attn).softmax(-1))
+        out = (attn @ v.reshape(B, self.heads, -1, H * W).transpose(-2, -1)).transpose(-2, -1)
+        return self.proj(out.reshape(B, -1, H, W) + v)
+
+
+@pytest.mark.fix_variant("the map's own convolutions kept contiguous")
+def test_the_map_s_own_convolutions_kept_contiguous():
+    """The scores plus a bias (a map made from no image, which no join variant rewrites) reach
+    two convolutions before they meet the values: those two run contiguous, as the scores are
+    made; the product between them and the values writes its own layout, so no edge converts."""
+    s = _suggested(TalkingHeads(), torch.randn(2, 3, 4, 4))
+    n = s.the_fix_by("the map's own convolutions kept contiguous")
+    row = s.row(n)
+    assert row["pattern"] == "joins" and row["op"] == "aten.add.Tensor" and row["automatic"]
+    assert row["region"] == ("talking1", "talking2") and row["added_bytes"] == 0
+    _exact(row["suggestion"], "auditor.keep_contiguous(model, ['talking1', 'talking2'])")
+    _same_values_and_gradients(s, [n])
+    verified = s.fixes.verify(s.model, *s.inputs)
+    proved = verified.verification.set_index("fix").loc[n]
+    assert proved["applied"] and proved["same_outputs"] and proved["hotspots_after"] == 0, proved["reason"]
+
+
 @pytest.mark.fix_variant("the new tensor meets an image")
 def test_the_new_tensor_meets_an_image():
     s = _suggested(Flow(meet="add"), torch.randn(2, 3, 8, 8))

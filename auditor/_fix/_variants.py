@@ -60,6 +60,9 @@ GENERATORS: tuple[Declared, ...] = (
          "a Conv3d that spans time or space alone computed as a Conv2d"),
     _fix("weight converted", "_swaps", "weight_format", "a convolution weight stored in the format it computes in"),
     _fix("joins", "_joins", "joins", "the first of the join variants below that verification proves"),
+    _fix("the map's own convolutions kept contiguous", "_regions", "joins",
+         "a map made from no image that no join variant rewrites: the convolutions that compute on it before it "
+         "meets an image run contiguous, as it is made (an attention's talking heads)"),
     _fix("odd tensor converted", "_mixed_join", "mixed_join",
          "the tensor of a join in another format converted to the others' format"),
     _fix("region kept contiguous", "_regions", "no_cl_kernel reshape_merge conv_no_kernel loses",

@@ -15,6 +15,7 @@ from .._statements import (
 from ._join_reach import (
     weight_in_reach,
 )
+from ._regions import own_convolutions
 
 
 @register_fix("joins")
@@ -33,6 +34,8 @@ def _joins_fix(c: CauseView) -> Proposal:
                         reason=f"{len(candidates)} candidate rewrite{'s' * (len(candidates) > 1)} ({labels}) "
                                "exact only for some shapes: Fixes.verify(model, *inputs) proves one on this model "
                                "or drops them")
+    if own_convolutions(c)[0]:
+        return None  # the map's own convolutions, kept contiguous, are the next generator's fix
     return Proposal(EditSource, c.row.fix, line=line, reason=f"{_made_from(c)} at {at}, and no rewrite of its "
                                                        "statement is known to make it a map in the format")
 

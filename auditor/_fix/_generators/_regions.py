@@ -11,6 +11,7 @@ from .._changes import (
 )
 from .._proposal import CauseView, Proposal
 from .._registry import register_fix, variants
+from ._join_reach import row_in_format
 
 
 @register_fix("region kept contiguous")
@@ -71,3 +72,84 @@ def _output_bytes(view: FlowView, e: int) -> int:
     t = view.tensors
     sel = t[(t["seq"] == e) & (t["role"] == "output") & (t["position"] == 0)]
     return int(sel["bytes"].iloc[0]) if len(sel) else 0
+
+
+#: the most ops the walk along a map made from no image follows
+_MAP_WALK = 256
+
+
+def own_convolutions(c: CauseView) -> tuple[tuple[str, ...], int]:
+    """The convolutions that compute on the map the cause makes from no image before it meets
+    one (an attention's scores mixed across heads by 1x1 convolutions), and the bytes the
+    region's edges would convert: the ops its result flows to in forward, followed until an op
+    meets an image made elsewhere; the convolutions on the way to such an op. An edge converts
+    where that op reads the map's path in the format (the region, run contiguous, would change
+    it); a path that a product or a copy rewrote on the way keeps its layout either way. ((), 0)
+    where no convolution lies on a way from the map to an image, or the cause's op is not a
+    forward op. A branch that never meets an image is the images' path itself, not the map's."""
+    view = c.view
+    f = c.forward
+    if view.phase[f] != "forward":
+        return (), 0
+    region: set[int] = set()
+    edges: set[int] = set()
+    # the line runs in every block that has it: each run's map, walked on its own
+    for start in np.flatnonzero((view.phase == "forward") & (view.op == view.op[f]) & (view.source == view.source[f])):
+        convs, met = _walk_to_images(c, int(start))
+        region |= convs
+        edges |= met
+    names = sorted({view.module[x] for x in region}, key=lambda n: min(x for x in region if view.module[x] == n))
+    if not names:
+        return (), 0
+    nbytes = view.tensors["bytes"].to_numpy()
+    return tuple(names), int(sum(int(nbytes[r]) for r in edges))
+
+
+def _walk_to_images(c: CauseView, start: int) -> tuple[set[int], set[int]]:
+    """From the op ``start``, in forward: (the convolutions on a way from it to an op that meets
+    an image made elsewhere, the rows of the map's path such ops read in the format)."""
+    view, image = c.view, c.tracer.image
+    walked, todo = {start}, [start]
+    after: dict[int, list[int]] = {}
+    meets: set[int] = set()
+    edges: set[int] = set()
+    while todo and len(walked) < _MAP_WALK:
+        x = todo.pop()
+        for u in view.consumers.get(x, []):
+            if view.phase[u] != "forward":
+                continue
+            after.setdefault(x, []).append(u)
+            if u in walked or u in meets:
+                continue
+            rows = view.act_rows.get(u, [])
+            if any(image[r] and int(view.graph.producer[r]) not in walked for r in rows):
+                meets.add(u)  # the map meets an image here: what follows is the images' path
+                edges |= {r for r in rows if int(view.graph.producer[r]) in walked and row_in_format(c, r)}
+                continue
+            walked.add(u)
+            todo.append(u)
+    # the ops from which an op that meets an image is reached
+    reaches = set(meets)
+    changed = True
+    while changed:
+        changed = False
+        for x, nxt in after.items():
+            if x not in reaches and any(u in reaches for u in nxt):
+                reaches.add(x)
+                changed = True
+    return {x for x in walked if view.is_conv[x] and x in reaches}, edges
+
+
+@register_fix("the map's own convolutions kept contiguous")
+def _own_convolutions_fix(c: CauseView) -> Proposal | None:
+    """A map made from no image (no join variant rewrites it) that convolutions compute on
+    before it meets an image: those convolutions run contiguous, as the map is, so it is not
+    converted for them and back (the talking heads of an attention, 1x1 convolutions across
+    its heads)."""
+    region, added = own_convolutions(c)
+    if not region:
+        return None
+    names = ", ".join(repr(n) for n in region)
+    return Proposal(KeepContiguous, f"{c.row.fix}: {c.what}; the convolutions that compute on this map before it meets "
+                                    "an image run contiguous, as the map is made",
+                    suggestion=f"auditor.keep_contiguous(model, [{names}])", change=KeepContiguous(region, added))
