@@ -81,12 +81,13 @@ _MAP_WALK = 256
 def own_convolutions(c: CauseView) -> tuple[tuple[str, ...], int]:
     """The convolutions that compute on the map the cause makes from no image before it meets
     one (an attention's scores mixed across heads by 1x1 convolutions), and the bytes the
-    region's edges would convert: the ops its result flows to in forward, followed until an op
-    meets an image made elsewhere; the convolutions on the way to such an op. An edge converts
-    where that op reads the map's path in the format (the region, run contiguous, would change
-    it); a path that a product or a copy rewrote on the way keeps its layout either way. ((), 0)
-    where no convolution lies on a way from the map to an image, or the cause's op is not a
-    forward op. A branch that never meets an image is the images' path itself, not the map's."""
+    region's edges convert (0): the ops its result flows to in forward, followed until an op
+    meets an image made elsewhere; the convolutions on the way to such an op. Only where every
+    such op reads the map's path in another layout than the format (a product or a copy on the
+    way wrote its own): then the region, run contiguous, changes nothing on the images' path.
+    ((), 0) where no convolution lies on a way from the map to an image, where an op that meets
+    an image reads the path in the format, or where the cause's op is not a forward op. A
+    branch that never meets an image is the images' path itself, not the map's."""
     view = c.view
     f = c.forward
     if view.phase[f] != "forward":
@@ -99,10 +100,11 @@ def own_convolutions(c: CauseView) -> tuple[tuple[str, ...], int]:
         region |= convs
         edges |= met
     names = sorted({view.module[x] for x in region}, key=lambda n: min(x for x in region if view.module[x] == n))
-    if not names:
+    if not names or edges:
+        # an op on the images' path reads the region's result in the format: run contiguous, the
+        # region would move the conversion there, and into a model that runs contiguous
         return (), 0
-    nbytes = view.tensors["bytes"].to_numpy()
-    return tuple(names), int(sum(int(nbytes[r]) for r in edges))
+    return tuple(names), 0
 
 
 def _walk_to_images(c: CauseView, start: int) -> tuple[set[int], set[int]]:
