@@ -200,6 +200,13 @@ def nhwc_text(chain: Chain) -> str:
     return f"{chain.name}.reshape({cut}){permute}.reshape({sizes}).permute({back})"
 
 
+def _map_to_map(chain: Chain, rank: int) -> tuple[list[Factor], list[int]]:
+    """The input map's factors in NHWC memory order, and the permutation that puts the result's
+    factors in NHWC order from them."""
+    nhwc, _ = read_in_nhwc_order(chain, rank)
+    return nhwc, _positions([f for i in _nhwc(rank) for f in chain.dims[i]], nhwc)
+
+
 def map_to_map_text(chain: Chain) -> str:
     """The chain's result (a map (B, C, *spatial)) made from its input map (the same rank) read
     in NHWC order and gathered in NHWC order: the input permuted to (B, *spatial, C), a view of
@@ -208,8 +215,7 @@ def map_to_map_text(chain: Chain) -> str:
     map cut into windows (or windows put back) keeps the format both ways: its gradient is
     merged in NHWC order too, where :func:`nhwc_text`'s would be merged in NCHW order."""
     rank = len(chain.dims)
-    nhwc, _ = read_in_nhwc_order(chain, rank)
-    perm = _positions([f for i in _nhwc(rank) for f in chain.dims[i]], nhwc)
+    nhwc, perm = _map_to_map(chain, rank)
     to_nhwc = ", ".join(map(str, _nhwc(rank)))
     cut = ", ".join(f.expr for f in nhwc)
     sizes = ", ".join(chain.size_exprs(_nhwc(rank)))
@@ -226,8 +232,7 @@ def maps_the_same(shape: tuple[int, ...], steps: list[Step], chain: Chain) -> bo
         return False
     x = torch.arange(math.prod(shape)).reshape(shape)
     y = _moved(x, steps)
-    nhwc, _ = read_in_nhwc_order(chain, rank)
-    perm = _positions([f for i in _nhwc(rank) for f in chain.dims[i]], nhwc)
+    nhwc, perm = _map_to_map(chain, rank)
     sizes = [math.prod(f.size for f in chain.dims[i]) for i in _nhwc(rank)]
     z = x.permute(_nhwc(rank)).reshape([f.size for f in nhwc]).permute(perm).reshape(sizes).permute(
         0, rank - 1, *range(1, rank - 1))

@@ -211,11 +211,12 @@ class Proof:
         """``candidates`` with those that rewrite their statements as a fix proved before ``n``
         rewrites them tried first, in their order: two causes of one statement (its forward and
         its backward copy) proved with different rewrites of it could not be made together."""
-        made = {(e.statement.path, e.statement.first, e.statement.last, e.rewrite, e.facts)
-                for m, q in self._proposals.items() if m != n and q.automatic and isinstance(q.change, EditSource)
+        def key(e) -> tuple:
+            return e.statement.path, e.statement.first, e.statement.last, e.rewrite, e.facts
+
+        made = {key(e) for m, q in self._proposals.items() if m != n and q.automatic and isinstance(q.change, EditSource)
                 for e in q.change.edits}
-        agrees = [all((e.statement.path, e.statement.first, e.statement.last, e.rewrite, e.facts) in made
-                      for e in cand.change.edits) for cand in candidates]
+        agrees = [all(key(e) in made for e in cand.change.edits) for cand in candidates]
         return [c for c, a in zip(candidates, agrees) if a] + [c for c, a in zip(candidates, agrees) if not a]
 
     def _set_row(self, n: int, **values) -> None:

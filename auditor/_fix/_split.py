@@ -16,20 +16,15 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-_DENSE = (torch.contiguous_format, torch.channels_last, torch.channels_last_3d)
+from .._recording._formats import channels_last_order
+from ._convert import CHANNELS_LAST_OF_RANK
 
 
 def _format_of(x: Tensor) -> torch.memory_format:
-    """The memory format ``x`` is dense in (contiguous where it is none, or more than one)."""
-    if x.is_contiguous():
-        return torch.contiguous_format
-    rank = {torch.channels_last: 4, torch.channels_last_3d: 5}
-    return next((f for f in _DENSE[1:] if x.dim() == rank[f] and x.is_contiguous(memory_format=f)),
-                torch.contiguous_format)
-
-
-#: a dense format -> the order of a tensor's dimensions in memory, outermost first
-_MEMORY_ORDER = {torch.contiguous_format: None, torch.channels_last: (0, 2, 3, 1), torch.channels_last_3d: (0, 2, 3, 4, 1)}
+    """The memory format ``x`` is dense in (contiguous where it is none, or both)."""
+    cl = CHANNELS_LAST_OF_RANK.get(x.dim())
+    return cl if cl is not None and not x.is_contiguous() and x.is_contiguous(memory_format=cl) \
+        else torch.contiguous_format
 
 
 class _FormatKeepingSplit(torch.autograd.Function):
@@ -44,7 +39,8 @@ class _FormatKeepingSplit(torch.autograd.Function):
     def backward(ctx, *grads: Tensor | None):
         # the parts' gradients joined by one cat in the split tensor's memory order: each read
         # permuted into that order, the cat written contiguous there, permuted back
-        order = _MEMORY_ORDER[ctx.format] or tuple(range(len(ctx.shape)))
+        rank = len(ctx.shape)
+        order = channels_last_order(rank) if ctx.format is not torch.contiguous_format else tuple(range(rank))
         at = order.index(ctx.dim)
         parts = []
         for size, g in zip(ctx.sizes, grads):

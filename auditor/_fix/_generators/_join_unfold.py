@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 
 import libcst as cst
 
+from ..._recording._formats import channels_last_order
 from .. import _syntax as syn
 from .._proposal import Candidate, CauseView, where
 from .._registry import register_variant
@@ -32,10 +33,6 @@ def _unfold_of(c: CauseView) -> int:
     if str(c.tracer.op[e]) == _UNFOLD:
         return e if in_format(c, e) else -1
     return next((u for u in c.view.consumers.get(e, []) if str(c.view.op[u]) == _UNFOLD and in_format(c, u)), -1)
-
-
-def _nhwc(rank: int) -> list[int]:
-    return [0, *range(2, rank), 1]
 
 
 @functools.cache  # one rewrite for one argument: two causes of one statement rewrite it once
@@ -59,7 +56,7 @@ def unfold_in_nhwc_order(rank: int) -> Callable[[cst.Module, syn.Facts], cst.Mod
             chain.insert(0, node)
             node = node.func.value
         base = node
-        order = _nhwc(rank)
+        order = channels_last_order(rank)
         steps = []
         for i, call in enumerate(chain):
             if len(call.args) != 3 or any(a.keyword is not None or a.star for a in call.args):
