@@ -272,6 +272,35 @@ class QueryPoolWithHelper(QueryPool):
         return self.pool(Sampler().to_map(q, H, W)).flatten(2).transpose(1, 2) + k + v
 
 
+class TokenPool(nn.Module):
+    """Tokens pooled as a map by the module it is given (MViT's ``Pool``): a convolution in one
+    instance, a max pool in another; one line copies the map for both."""
+
+    def __init__(self, pool):
+        super().__init__()
+        self.pool = pool
+
+    def forward(self, t, H, W):
+        B, _, C = t.shape
+        x = t.reshape(B, H, W, C).permute(0, 3, 1, 2).contiguous()
+        return self.pool(x).flatten(2).transpose(1, 2)
+
+
+class PooledQueriesAndKeys(nn.Module):
+    def __init__(self, c=8):
+        super().__init__()
+        self.stem = nn.Conv2d(3, c, 3, padding=1)
+        self.qkv = nn.Linear(c, 3 * c)
+        self.pool_q = TokenPool(nn.Conv2d(c, c, 3, padding=1, groups=c))
+        self.pool_k = TokenPool(nn.MaxPool2d(3, 1, 1))
+
+    def forward(self, x):
+        x = self.stem(x)
+        B, C, H, W = x.shape
+        q, k, v = self.qkv(x.flatten(2).transpose(1, 2)).reshape(B, H * W, 3, C).unbind(2)
+        return self.pool_q(q, H, W) + self.pool_k(k, H, W) + v
+
+
 FORMAT_SPECIFIC = ("the copy made in torch.channels_last, a format-specific edit (code that runs contiguous copies "
                    "into channels_last too)")
 
@@ -280,11 +309,13 @@ FORMAT_SPECIFIC = ("the copy made in torch.channels_last, a format-specific edit
     (QueryPool(), ["the copy made in the format of self.pool.weight", FORMAT_SPECIFIC], 0),
     (QueryPool(free=True), [FORMAT_SPECIFIC], 0),
     (QueryPoolWithHelper(), [FORMAT_SPECIFIC], 0),
-], ids=["weight in reach", "free function", "method of a plain object"])
+    (PooledQueriesAndKeys(), ['the copy made in the format of getattr(self.pool, "weight", None)', FORMAT_SPECIFIC], 0),
+], ids=["weight in reach", "free function", "method of a plain object", "weight in some instances"])
 def test_a_copy_of_a_map_whose_channels_lie_innermost_is_made_in_the_format(model, labels, proved):
     """The copy stays a copy, written in the format of a weight in reach, else (saying it names
     the format) in channels_last; the one verify proves keeps the contiguous run's groups. A
-    method of a plain object a module calls gets no weight: its ``self`` is not the module."""
+    method of a plain object a module calls gets no weight: its ``self`` is not the module. A
+    line whose module holds the convolution in some instances only reads it where it is."""
     torch.manual_seed(0)
     model, x, fixes = _fixes(model, torch.randn(2, 3, 8, 8))
     joins = fixes.frame[fixes.frame["pattern"] == "joins"]

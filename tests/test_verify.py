@@ -225,6 +225,45 @@ def test_verdicts_follow_the_interval_of_the_paired_ratios():
     assert "straddles" not in few and "too few rounds" in few
 
 
+def _timings(monkeypatch, *ratios):
+    """``measure_saving`` answering with ``ratios`` in turn (the last one after that), each call's
+    keywords kept: a timing verdict chosen, not waited for."""
+    calls = []
+
+    def timed(before, after, **timing):
+        before(), after()
+        r = ratios[min(len(calls), len(ratios) - 1)]
+        calls.append(timing)
+        return _verify.Saving(100.0, 100.0 * r, 100.0 * (1 - r), 100.0 * (1 - r) - 1, 100.0 * (1 - r) + 1,
+                              r, r - 0.01, r + 0.01, timing["rounds"], abs(r - 1) > 0.01, "cpu")
+    monkeypatch.setattr(_verify, "measure_saving", timed)
+    return calls
+
+
+@pytest.mark.parametrize("ratios, automatic", [((1.2, 1.2), False), ((1.2, 1.0), True), ((0.8,), True)],
+                         ids=["slower twice", "slower once", "faster"])
+def test_a_fix_timed_slower_is_timed_again_for_longer_and_dropped_if_it_stays_slower(monkeypatch, ratios, automatic):
+    model, x = make_cause("stack_reduce", shape=(4, 3, 16, 16))
+    calls = _timings(monkeypatch, *ratios)
+    f = auditor.suggest_fixes(auditor.audit(model, x)).verify(model, x, **QUICK)
+    row = f.verification.iloc[0]
+    assert row["kind"] == "fix" and row["applied"] and row["same_outputs"]
+    assert bool(f.frame["automatic"].iloc[0]) is automatic
+    if ratios[0] < 1:
+        assert len(calls) == 1 and row["verdict"] == "helps" and row["reason"] == ""
+        return
+    assert len(calls) == 2 and calls[1] == _verify.longer(calls[0])
+    assert calls[1]["rounds"] == 2 * QUICK["rounds"] and calls[1]["budget_s"] == _verify.LONGER * QUICK["budget_s"]
+    if automatic:
+        assert row["verdict"] == "within noise" and row["reason"].startswith("timed within noise or faster again")
+    else:
+        assert row["verdict"] == "hurts" and row["reason"].startswith("dropped: this fix makes the step slower")
+        assert f.frame["reason"].iloc[0].startswith("this fix makes the step slower: timed slower again with 3x")
+        assert "by hand: this fix makes the step slower" in str(f)
+        patch = f.patch()
+        assert "by hand: this fix makes the step slower" in patch and "\n+" not in patch and "\n-" not in patch
+
+
 def test_values_are_compared_against_the_largest_of_their_kind():
     a = {"output 0": torch.tensor([1.0, 2.0]), "grad w": torch.tensor([100.0, 1e-12])}
     close = {"output 0": torch.tensor([1.0, 2.0]), "grad w": torch.tensor([100.0, 2e-12])}

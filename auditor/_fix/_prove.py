@@ -56,6 +56,7 @@ class Proof:
                 rows.append(self._verify_one_or_drop(n, step, warmup, seed, timing))
         self._not_automatic_where_contiguous_hurts(rows)
         self._not_automatic_where_values_change(rows)
+        self._not_automatic_where_slower(rows)
         if len(self.frame) > 0:
             together, found = self._together(step, warmup, seed, timing, exposed, rows)
             self._removed_together(rows, together)
@@ -135,6 +136,12 @@ class Proof:
                     before_step()
 
             saving = verification.measure_saving(before, after_step, **timing)
+            if kind == "fix" and verification.slower(saving):  # timed again: one run can be unlucky
+                first = saving
+                saving = verification.measure_saving(before, after_step, **verification.longer(timing))
+                out["reason"] = (f"timed {'slower' if verification.slower(saving) else 'within noise or faster'} "
+                                 f"again with {verification.LONGER}x the budget ({verification.saving_words(saving)}) "
+                                 f"after a first timing said slower ({verification.saving_words(first)})")
         return {**out, "same_outputs": same.same, "max_abs_diff": same.max_abs_diff, "max_rel_diff": same.max_rel_diff,
                 "step_us_before": saving.step_us_before, "step_us_after": saving.step_us_after,
                 "saving_us": saving.saving_us, "saving_low_us": saving.saving_low_us,
@@ -168,6 +175,14 @@ class Proof:
                 self._drop(int(r["fix"]), why)
                 r["reason"] = f"dropped: {why}"
 
+    def _not_automatic_where_slower(self, rows: list[dict]) -> None:
+        """A fix whose verdict stays ``hurts`` when timed again for longer makes the step slower:
+        it is no longer automatic, saying so (the user came for speed)."""
+        for r in rows:
+            if r.get("kind") == "fix" and r.get("verdict") == verification.HURTS and self._row(int(r["fix"]))["automatic"]:
+                self._drop(int(r["fix"]), f"this fix makes the step slower: {r['reason']}")
+                r["reason"] = f"dropped: this fix makes the step slower: {r['reason']}"
+
     def _prove_candidates(self, n: int, p: Proposal, step: Step, warmup: int, seed: int, timing: dict) -> dict:
         """Fix ``n``'s candidate rewrites tried in turn on the model: the first that passes every
         check (:func:`_failed_check`) becomes the fix (its edit, its text, automatic), and its row
@@ -191,7 +206,8 @@ class Proof:
                     if region:  # an edit now: no region, no edges to convert
                         self._set_row(n, region=(), added_bytes=0, bytes=int(self._row(n)["hotspot_bytes"]),
                                       detail=trial.detail)
-                    return {**row, "reason": f"candidate {cand.label} proved ({len(p.candidates)} tried)"}
+                    proved = f"candidate {cand.label} proved ({len(p.candidates)} tried)"
+                    return {**row, "reason": "; ".join(filter(None, [proved, row.get("reason")]))}
             failures.append(f"{cand.label}: {why}")
         unproved = "no candidate rewrite proved exact on this model: " + "; ".join(failures)
         if region:  # the region as it was, by hand or made
@@ -358,7 +374,8 @@ def _contiguous_pair(row: dict) -> tuple[object, object]:
 
 def _failed_check(row: dict) -> str:
     """Why a candidate's row does not prove it ("" when it does): not applied, other values,
-    hotspot groups of its cause left, or more hotspot groups in the contiguous run."""
+    hotspot groups of its cause left, more hotspot groups in the contiguous run, or a step still
+    slower when timed again for longer (the next candidate may be a faster form)."""
     if not row.get("applied"):
         return str(row.get("reason") or "not applied")
     if row.get("same_outputs") is False:
@@ -369,4 +386,6 @@ def _failed_check(row: dict) -> str:
     if verification.hurts_contiguous(*_contiguous_pair(row)):
         return (f"adds hotspot groups to the contiguous run ({row['contiguous_hotspots_before']} -> "
                 f"{row['contiguous_hotspots_after']})")
+    if row.get("verdict") == verification.HURTS:
+        return f"makes the step slower: {row.get('reason')}"
     return ""

@@ -248,7 +248,9 @@ class Fixes:
         :meth:`patch` leave it, with the reason). A fix proposed as candidate rewrites (a
         statement whose rewrite is exact only for some shapes) has each tried in turn; the first
         that keeps the values, removes its cause's hotspot groups and does not hurt the
-        contiguous run becomes the fix, the others are dropped.
+        contiguous run becomes the fix, the others are dropped. A fix timed slower is timed again
+        with :data:`~auditor._fix._verify.LONGER` times the rounds and the budget; one still
+        slower is no longer automatic (a candidate's next one is tried).
 
         Returns new ``Fixes``: the proved ones (a fix that failed a check no longer automatic,
         saying why; a candidate proved, the fix), with the verification table as

@@ -292,6 +292,21 @@ def format_of_weight(weight: str, facts: Facts) -> str:
 
 def weight_in_format(weight: str, facts: Facts) -> str:
     """An expression that is true where ``weight`` (a convolution's, as code) is laid out in
-    the format (:func:`format_of_weight`)."""
+    the format (:func:`format_of_weight`); false where an :func:`optional_weight` is None."""
     w = facts.new_name("_w")
+    if _is_optional(weight):
+        return f"(({w} := {weight}) is not None and {w}.stride(1) == 1 and ({w}.shape[1] == 1 or {w}.stride(-1) > 1))"
     return f"(({w} := {weight}).stride(1) == 1 and ({w}.shape[1] == 1 or {w}.stride(-1) > 1))"
+
+
+def optional_weight(module: str) -> str:
+    """``module``'s weight as code that is None where it has none (a line that runs in modules
+    holding a convolution there in some instances and a pool in others)."""
+    return f'getattr({module}, "weight", None)'
+
+
+def _is_optional(weight: str) -> bool:
+    """Whether ``weight`` is an :func:`optional_weight` (a ``getattr`` with the default None)."""
+    node = cst.parse_expression(weight)
+    return (isinstance(node, cst.Call) and code(node.func) == "getattr" and len(node.args) == 3
+            and code(node.args[2].value) == "None")

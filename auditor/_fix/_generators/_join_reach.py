@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from ..._recording._formats import AMBIGUOUS
+from .. import _syntax as syn
 from .._proposal import CauseView, module_expr, where
 from .._statements import functions_at
 
@@ -63,7 +64,31 @@ def weight_in_reach(c: CauseView, fns: list[types.FunctionType], at: int | None 
     path = str(view.module[chosen])[len(prefix):]
     if not all(p.isidentifier() or p.isdigit() for p in path.split(".")):
         return None
-    return module_expr(path, root="self") + ".weight"
+    held = _held_by_every_instance(c, e, own, str(own_type), path)
+    if held is None:
+        return None
+    return module_expr(path, root="self") + ".weight" if held else syn.optional_weight(module_expr(path, root="self"))
+
+
+def _held_by_every_instance(c: CauseView, e: int, own: str, own_type: str, path: str) -> bool | None:
+    """Whether every module of ``own_type`` that ran event ``e``'s line has a convolution at
+    ``path`` (True), has a module there that is not one in some (False: MViT's pooling holds a
+    convolution in some instances and a max pool in others), or lacks the module (None). The
+    line runs in each, so the code it is rewritten to must hold in each."""
+    view = c.view
+    types = view.ops["module_type"].astype(str).to_numpy()
+    ran = np.flatnonzero((view.source == view.source[e]) & (types == own_type) & (view.phase == "forward"))
+    modules = set(view.module.astype(str))
+    convs = {str(view.module[int(x)]) for x in np.flatnonzero(view.is_conv & (view.phase == "forward"))}
+    held = True
+    for m in dict.fromkeys(str(view.module[int(x)]) for x in ran):
+        if m == own:
+            continue
+        at = path if m in ("", "<root>") else f"{m}.{path}"
+        if at not in modules:
+            return None
+        held = held and at in convs
+    return held
 
 
 def method_of(fn: types.FunctionType, module_type: str) -> bool:
