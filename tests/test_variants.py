@@ -990,6 +990,29 @@ def test_the_map_s_own_convolutions_kept_contiguous():
     assert proved["applied"] and proved["same_outputs"] and proved["hotspots_after"] == 0, proved["reason"]
 
 
+def test_a_copy_further_along_the_map_keeps_the_map_s_own_convolutions_contiguous():
+    """The scores' copies that a product of them makes (forward: of the second convolution's
+    output; backward: of the gradient the first one writes) are reshapes that merge the heads
+    with another dimension, further along the map than the op that made it: the walk back to
+    where the map was made (from no image) finds the same two convolutions, with no edge to
+    convert, rather than the convolutions on both sides (one of them the projection on the
+    images' path, whose edges cost more than they remove)."""
+    s = _suggested(TalkingHeads(), torch.randn(2, 3, 4, 4))
+    merges = s.fixes.frame[s.fixes.frame["pattern"] == "reshape_merge"]
+    assert sorted(s.fixes.audit.causes().set_index("cause").loc[merges["cause"], "phase"]) == ["backward", "forward"]
+    for n in merges["fix"]:
+        row = s.row(n)
+        assert s.made_by[int(row["cause"])] == "region kept contiguous"
+        assert row["automatic"] and row["region"] == ("talking1", "talking2") and row["added_bytes"] == 0
+        assert "made from no image, run contiguous" in row["detail"]
+    verified = s.fixes.verify(s.model, *s.inputs, rounds=3, max_rounds=3, budget_s=1)
+    table = verified.verification.set_index("fix")
+    for n in merges["fix"]:
+        proved = table.loc[n]
+        assert proved["applied"] and proved["same_outputs"] and proved["hotspots_after"] == 0, proved["reason"]
+        assert proved["contiguous_hotspots_after"] <= proved["contiguous_hotspots_before"]
+
+
 @pytest.mark.fix_variant("the new tensor meets an image")
 def test_the_new_tensor_meets_an_image():
     s = _suggested(Flow(meet="add"), torch.randn(2, 3, 8, 8))

@@ -16,7 +16,8 @@ from ._join_reach import row_in_format
 
 @register_fix("region kept contiguous")
 def _region_fix(c: CauseView) -> Proposal | None:
-    region, added = _region_around(c.view, c.members)
+    own, _ = own_convolutions(c, through=True)
+    region, added = (own, 0) if own else _region_around(c.view, c.members)
     if not region:
         return None
     names = ", ".join(repr(n) for n in region)
@@ -25,8 +26,10 @@ def _region_fix(c: CauseView) -> Proposal | None:
     # the chain that makes the copy, read in the map's memory order: an edit verify may prove instead
     candidates = [x for _, detect in variants(c.pattern) for x in detect(c, None) if x is not None] \
         if merge and c.path else []
-    return Proposal(KeepContiguous, f"{why}: {c.what}; run the convolutions around it contiguous so no copy is "
-                                  "needed (or let auditor.plan_layout measure whether that pays)",
+    where = ("the convolutions that compute on this map, made from no image, run contiguous, as the map is made"
+             if own else "run the convolutions around it contiguous so no copy is needed (or let auditor.plan_layout "
+                         "measure whether that pays)")
+    return Proposal(KeepContiguous, f"{why}: {c.what}; {where}",
                     suggestion=f"auditor.keep_contiguous(model, [{names}])", change=KeepContiguous(region, added),
                     candidates=tuple(candidates),
                     proved_detail=f"{why}: {c.what}; read the map in its memory order" if candidates else "")
@@ -78,7 +81,7 @@ def _output_bytes(view: FlowView, e: int) -> int:
 _MAP_WALK = 256
 
 
-def own_convolutions(c: CauseView) -> tuple[tuple[str, ...], int]:
+def own_convolutions(c: CauseView, through: bool = False) -> tuple[tuple[str, ...], int]:
     """The convolutions that compute on the map the cause makes from no image before it meets
     one (an attention's scores mixed across heads by 1x1 convolutions), and the bytes the
     region's edges convert (0): the ops its result flows to in forward, followed until an op
@@ -87,7 +90,11 @@ def own_convolutions(c: CauseView) -> tuple[tuple[str, ...], int]:
     way wrote its own): then the region, run contiguous, changes nothing on the images' path.
     ((), 0) where no convolution lies on a way from the map to an image, where an op that meets
     an image reads the path in the format, or where the cause's op is not a forward op. A
-    branch that never meets an image is the images' path itself, not the map's."""
+    branch that never meets an image is the images' path itself, not the map's.
+
+    With ``through``, the cause's op may also lie further along such a map (a copy of the map
+    its convolutions wrote in the format): the walk starts where the map was made
+    (:func:`_map_origins`), and the cause's op must be on it."""
     view = c.view
     f = c.forward
     if view.phase[f] != "forward":
@@ -95,10 +102,18 @@ def own_convolutions(c: CauseView) -> tuple[tuple[str, ...], int]:
     region: set[int] = set()
     edges: set[int] = set()
     # the line runs in every block that has it: each run's map, walked on its own
-    for start in np.flatnonzero((view.phase == "forward") & (view.op == view.op[f]) & (view.source == view.source[f])):
-        convs, met = _walk_to_images(c, int(start))
-        region |= convs
-        edges |= met
+    for run in np.flatnonzero((view.phase == "forward") & (view.op == view.op[f]) & (view.source == view.source[f])):
+        starts = _map_origins(c, int(run)) if through else [int(run)]
+        if not starts:
+            return (), 0
+        on_map = False
+        for start in starts:
+            convs, met, walked = _walk_to_images(c, start)
+            region |= convs
+            edges |= met
+            on_map = on_map or int(run) in walked
+        if not on_map:
+            return (), 0
     names = sorted({view.module[x] for x in region}, key=lambda n: min(x for x in region if view.module[x] == n))
     if not names or edges:
         # an op on the images' path reads the region's result in the format: run contiguous, the
@@ -107,9 +122,37 @@ def own_convolutions(c: CauseView) -> tuple[tuple[str, ...], int]:
     return tuple(names), 0
 
 
-def _walk_to_images(c: CauseView, start: int) -> tuple[set[int], set[int]]:
+def _map_origins(c: CauseView, e: int) -> list[int]:
+    """The ops that made the map forward op ``e`` reads, from no image: walking back from ``e``
+    through the ops of its module (and the modules inside it) whose outputs are images, the
+    first ops whose output is a map of the images' rank that is not one (a product of tokens,
+    as an attention's scores), none where the walk leaves the module first."""
+    view, tracer = c.view, c.tracer
+    own = str(view.module[e])
+    prefix = "" if own in ("", "<root>") else own + "."
+    ndim = view.tensors["ndim"].to_numpy()
+    origins, seen, todo = [], {e}, [e]
+    while todo and len(seen) < _MAP_WALK:
+        x = todo.pop()
+        out = tracer.output_row(x)
+        if out >= 0 and not tracer.image[out] and int(ndim[out]) == c.rank:
+            origins.append(x)
+            continue
+        for r in view.act_rows.get(x, []):
+            p = int(view.graph.producer[r])
+            if p < 0 or p in seen or view.phase[p] != "forward":
+                continue
+            if str(view.module[p]) != own and not str(view.module[p]).startswith(prefix):
+                return []  # the map comes from outside the module: the images' path
+            seen.add(p)
+            todo.append(p)
+    return sorted(origins)
+
+
+def _walk_to_images(c: CauseView, start: int) -> tuple[set[int], set[int], set[int]]:
     """From the op ``start``, in forward: (the convolutions on a way from it to an op that meets
-    an image made elsewhere, the rows of the map's path such ops read in the format)."""
+    an image made elsewhere, the rows of the map's path such ops read in the format, the ops
+    walked)."""
     view, image = c.view, c.tracer.image
     walked, todo = {start}, [start]
     after: dict[int, list[int]] = {}
@@ -139,7 +182,7 @@ def _walk_to_images(c: CauseView, start: int) -> tuple[set[int], set[int]]:
             if x not in reaches and any(u in reaches for u in nxt):
                 reaches.add(x)
                 changed = True
-    return {x for x in walked if view.is_conv[x] and x in reaches}, edges
+    return {x for x in walked if view.is_conv[x] and x in reaches}, edges, walked
 
 
 @register_fix("the map's own convolutions kept contiguous")
