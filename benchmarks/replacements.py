@@ -20,6 +20,12 @@ median, and the format of the output and of the input's gradient each writes.
   product's backward writes the key's row-major): small, 2x48x16x16; realistic, 4x768x16x16
   (256 channels each). Both compute the same product; the times differ by the split's
   backward alone, which writes the map's gradient contiguous (torch) or channels_last.
+- ``conv1d`` (``auditor.keep_format`` of an ``nn.Conv1d``) against the ``nn.Conv1d``, a 1x1
+  projection of a map's flattened positions (a (N, C, H·W) view, channels innermost) to 3C
+  channels, made a map again for a channels_last depthwise 3x3 convolution (EfficientViM's
+  state-space mixer): small, 2x64x16x16; realistic, 16x128x14x14. Both include the depthwise
+  convolution, which converts the Conv1d's contiguous output to channels_last (and its
+  gradient back) where the replacement's output is in the format already.
 """
 
 from __future__ import annotations
@@ -108,7 +114,21 @@ def chunk_case(size: str):
             lambda t: used(*auditor.keep_format.chunk(t, 3, dim=1)), "torch.chunk")
 
 
-CASES = {"roi_align": roi_align_case, "matmul": matmul_case, "chunk": chunk_case}
+def conv1d_case(size: str):
+    b, c, h, w = (2, 64, 16, 16) if size == "small" else (16, 128, 14, 14)
+    torch.manual_seed(0)
+    x = torch.randn(b, c, h, w).to(memory_format=CL)
+    proj = torch.nn.Conv1d(c, 3 * c, 1)
+    dw = torch.nn.Conv2d(3 * c, 3 * c, 3, padding=1, groups=3 * c).to(memory_format=CL)
+    swapped = auditor.keep_format(proj)
+
+    def mixer(conv):  # a state-space mixer's projection, made a map again for a depthwise convolution
+        return lambda t: dw(conv(t.flatten(2)).reshape(b, -1, h, w))
+
+    return (f"a {b}x{c}x{h}x{w} map's positions", x, (x,), mixer(proj), mixer(swapped), "nn.Conv1d")
+
+
+CASES = {"roi_align": roi_align_case, "matmul": matmul_case, "chunk": chunk_case, "conv1d": conv1d_case}
 
 
 def _format(t: torch.Tensor) -> str:

@@ -244,6 +244,35 @@ def test_keep_format_computes_a_conv3d_that_spans_time_only_or_space_only_as_a_c
         assert got.is_contiguous(memory_format=CL3) == (fmt == CL3) and got.is_contiguous() == (fmt != CL3)
 
 
+@pytest.mark.parametrize("kernel, stride, padding, dilation, groups, bias", [
+    (1, 1, 0, 1, 1, True), (3, 1, 1, 1, 1, False), (3, 2, 1, 1, 4, True), (5, 1, 4, 2, 2, True),
+    (2, 3, 0, 1, 8, False)])
+def test_keep_format_computes_a_conv1d_over_a_flattened_map_as_a_conv2d(kernel, stride, padding, dilation, groups,
+                                                                         bias):
+    """The same values and gradients as the Conv1d (float64) over its settings; fed a flattened
+    channels_last map, the output keeps its channels innermost and the map's gradient is
+    channels_last, where conv1d writes both contiguous; any other input, the Conv1d's own run."""
+    torch.manual_seed(0)
+    conv = nn.Conv1d(8, 16, kernel, stride, padding, dilation, groups, bias).double()
+    new = auditor.keep_format(conv)
+    assert type(new).__name__ == "PositionsConv" and new.conv.weight is conv.weight
+    for fmt in (CL, torch.contiguous_format):
+        m = torch.randn(2, 8, 5, 7, dtype=torch.double).to(memory_format=fmt).requires_grad_()
+        want, got = conv(m.flatten(2)), new(m.flatten(2))
+        torch.testing.assert_close(got, want)
+        params = tuple(conv.parameters())
+        gots = torch.autograd.grad(got.square().sum(), (m, *params))
+        torch.testing.assert_close(gots, torch.autograd.grad(want.square().sum(), (m, *params)))
+        assert (got.stride(1) == 1) == (fmt == CL) and gots[0].is_contiguous(memory_format=fmt)
+        assert want.is_contiguous()  # what the replacement is for: conv1d writes contiguous
+    plain = torch.randn(2, 8, 35, dtype=torch.double)
+    torch.testing.assert_close(new(plain), conv(plain))
+    with pytest.raises(ValueError, match="pads otherwise than with zeros"):
+        auditor.keep_format(nn.Conv1d(8, 8, 3, padding="same"))
+    with pytest.raises(ValueError, match="pads otherwise than with zeros"):
+        auditor.keep_format(nn.Conv1d(8, 8, 3, padding=1, padding_mode="reflect"))
+
+
 def _at_audit_threads():
     """The thread count a timed audit's step runs at, which picks a Conv3d's kernel (at one
     thread a small batch runs ``slow_conv3d``; with more, oneDNN may keep the format)."""

@@ -661,6 +661,35 @@ def test_convolution_as_a_conv2d():
     _same_values_and_gradients(s, [n])
 
 
+class PositionsMixer(nn.Module):
+    """A state-space mixer's projection (EfficientViM's): a Conv1d over the map's flattened
+    positions, its output made a map again for a depthwise convolution."""
+
+    def __init__(self, c=8):
+        super().__init__()
+        self.stem = nn.Conv2d(3, c, 3, padding=1)
+        self.proj = nn.Conv1d(c, 3 * c, 1)
+        self.dw = nn.Conv2d(3 * c, 3 * c, 3, padding=1, groups=3 * c)
+
+    def forward(self, x):
+        x = self.stem(x)
+        B, _, H, W = x.shape
+        return self.dw(self.proj(x.flatten(2)).reshape(B, -1, H, W))
+
+
+@pytest.mark.fix_variant("a Conv1d over a map's positions as a Conv2d")
+def test_a_conv1d_over_a_map_s_positions_as_a_conv2d():
+    s = _suggested(PositionsMixer(), torch.randn(2, 3, 6, 6))
+    n = s.the_fix_by("a Conv1d over a map's positions as a Conv2d")
+    row = s.row(n)
+    assert row["pattern"] == "conv_no_kernel" and row["action"] == SwapModules.action and row["automatic"]
+    _exact(row["suggestion"], "model.proj = auditor.keep_format(model.proj)")
+    _same_values_and_gradients(s, [n])
+    verified = s.fixes.verify(s.model, *s.inputs, rounds=3, max_rounds=3, budget_s=1)
+    proved = verified.verification.set_index("fix").loc[n]
+    assert proved["applied"] and proved["same_outputs"] and proved["hotspots_after"] == 0, proved["reason"]
+
+
 @pytest.mark.fix_variant("weight converted")
 def test_weight_converted():
     torch.manual_seed(0)

@@ -197,6 +197,37 @@ def conv3d_keep_format(module: nn.Module) -> nn.Module:
     return swap(module)
 
 
+class PositionsConv(nn.Module):
+    """Drop-in for a ``Conv1d`` over the positions of a flattened map: a (N, C, L) input whose
+    channels lie innermost (the view ``flatten(2)`` makes of a channels_last map) is computed as
+    a ``Conv2d`` over its (N, C, 1, L) view, which is channels_last, so the output keeps its
+    channels innermost and the input's gradient is channels_last; ``conv1d`` writes both
+    contiguous. Any other input goes to the Conv1d itself, so a model run contiguous is as
+    before. The Conv1d's ``weight`` and ``bias`` Parameters."""
+
+    def __init__(self, conv: nn.Conv1d):
+        super().__init__()
+        self.conv = conv
+
+    def forward(self, x):
+        c = self.conv
+        if x.dim() != 3 or x.shape[1] == 1 or x.stride(1) != 1:
+            return c(x)
+        return F.conv2d(x.unsqueeze(2), c.weight.unsqueeze(2), c.bias, (1, c.stride[0]), (0, c.padding[0]),
+                        (1, c.dilation[0]), c.groups).squeeze(2)
+
+
+def conv1d_keep_format(module: nn.Module) -> nn.Module:
+    """A plain ``Conv1d`` as a :class:`PositionsConv`; ValueError for one with a ``forward`` of
+    its own, padding given as a word ("same") or padding other than zeros."""
+    if not isinstance(module, nn.Conv1d) or type(module).forward is not nn.Conv1d.forward:
+        raise ValueError(f"{type(module).__name__} is no plain Conv1d")
+    if not isinstance(module.padding, tuple) or module.padding_mode != "zeros":
+        raise ValueError(f"Conv1d(padding {module.padding!r}, padding_mode {module.padding_mode!r}) pads otherwise "
+                         "than with zeros of a given size: no Conv2d computes it as it is")
+    return PositionsConv(module)
+
+
 class BroadcastUpsample(nn.Module):
     """Drop-in for an ``nn.Upsample``: an N×C×1×1 map (one pixel per channel) is broadcast to
     the output size as a view (``expand``), where an interpolation writes it full size, and
@@ -256,7 +287,7 @@ SWAPS = {
 BROADCAST_SWAPS = {nn.Upsample: BroadcastUpsample.from_module}
 
 #: convolution type -> a replacement with a channels_last kernel where it has none
-CONV_SWAPS = {nn.Conv3d: conv3d_keep_format}
+CONV_SWAPS = {nn.Conv3d: conv3d_keep_format, nn.Conv1d: conv1d_keep_format}
 
 _EVERY_SWAP = {**SWAPS, **BROADCAST_SWAPS, **CONV_SWAPS}
 
@@ -283,10 +314,13 @@ def keep_format(module: nn.Module) -> nn.Module:
     - ``AdaptiveAvgPool2d/3d(1)``: a sum divided by H·W, whose backward is a view;
     - ``Upsample``: an N×C×1×1 map broadcast as a view (any other input is interpolated);
     - ``Conv3d`` whose kernel, stride and padding span time only: a ``Conv2d`` over (T, H·W);
-      one that spans space only: a ``Conv2d`` over each frame of a channels_last_3d input.
+      one that spans space only: a ``Conv2d`` over each frame of a channels_last_3d input;
+    - ``Conv1d``: a ``Conv2d`` over the (N, C, 1, L) view of a flattened channels_last map
+      (its channels innermost), which keeps them innermost.
 
     Raises ValueError for any other module, and for one of these types whose settings have no
-    same-valued replacement (a pool to more than one value, a Conv3d spanning time and space).
+    same-valued replacement (a pool to more than one value, a Conv3d spanning time and space, a
+    Conv1d padded otherwise than with zeros).
 
     Its attributes are the format-keeping replacements of ops that have no channels_last kernel,
     functions with the op's arguments and values (float64 forward and backward), whose output

@@ -58,6 +58,8 @@ GENERATORS: tuple[Declared, ...] = (
     _fix("whole slice skipped", "_slices", "no_cl_kernel", "a slice that keeps every channel skipped"),
     _fix("convolution as a Conv2d", "_swaps", "conv_no_kernel",
          "a Conv3d that spans time or space alone computed as a Conv2d"),
+    _fix("a Conv1d over a map's positions as a Conv2d", "_swaps", "conv_no_kernel",
+         "a Conv1d fed a flattened channels_last map computed as a Conv2d over its (N, C, 1, L) view"),
     _fix("weight converted", "_swaps", "weight_format", "a convolution weight stored in the format it computes in"),
     _fix("joins", "_joins", "joins", "the first of the join variants below that verification proves"),
     _fix("the map's own convolutions kept contiguous", "_regions", "joins",

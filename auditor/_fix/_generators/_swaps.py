@@ -101,6 +101,29 @@ def _conv_swap_fix(c: CauseView) -> Proposal | None:
     return replace(proposal, change=replace(proposal.change, latent=latent, threads=c.threads))
 
 
+@register_fix("a Conv1d over a map's positions as a Conv2d")
+def _positions_conv_fix(c: CauseView) -> Proposal | None:
+    """A ``Conv1d`` fed a flattened channels_last map (its channels innermost, as ``flatten(2)``
+    leaves them) writes contiguous, so the map made of its output meets the convolutions in
+    another format: computed as a ``Conv2d`` over the (N, C, 1, L) view
+    (:class:`~._keep_format.PositionsConv`), it keeps the channels innermost."""
+    if torch_module_type(c.module_type, CONV_SWAPS) is not torch.nn.Conv1d:
+        return None
+    rows = [r for r in c.tracer.input_rows(c.forward) if c.tracer.arg[r] not in ("weight", "bias")]
+    if not rows or c.tracer.ndim[rows[0]] != 3:
+        return None
+    shape, strides = parse_tuple(c.tracer.shape[rows[0]]), parse_tuple(str(c.view.tensors["strides"].iat[rows[0]]))
+    if shape[1] == 1 or strides[1] != 1:
+        return None
+    ops = c.view.ops
+    conv1d = set(ops.loc[ops["module_type"].astype(str) == "Conv1d", "module"].astype(str))
+    modules = [m for m in c.instances("Conv1d") if m in conv1d]  # a map's convolution at the line is no Conv1d
+    return swap(c, modules, torch.nn.Conv1d, CONV_SWAPS,
+                f"{c.row.fix.rsplit(': ', 1)[0]}: the Conv1d reads a flattened {c.cl_name} map, its channels "
+                f"innermost, and writes contiguous; the same sums computed as a Conv2d over its (N, C, 1, L) "
+                f"view keep the channels innermost")
+
+
 #: what a Conv3d that spans one of these alone is computed as (:mod:`._keep_format`)
 SPANS = {"time only": "a Conv2d over (T, H·W)", "space only": "a Conv2d over each frame"}
 
