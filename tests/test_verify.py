@@ -550,6 +550,38 @@ def test_the_tolerance_rises_to_what_rounding_alone_moves_a_models_values_by():
     assert not verification.compare_values(before, {"output 0": before["output 0"] * 2}, floor=steep).same
 
 
+def test_the_rounding_a_model_amplifies_includes_its_step_run_all_contiguous(monkeypatch):
+    """A fix that keeps the format reorders sums at every layer after it, as running the same
+    step all-contiguous does: the floor is ten times the larger of the change that and a nudge
+    of the inputs make. Here the contiguous run is made to move the values by 1e-9 (a model
+    whose amplified rounding a nudge of its inputs does not show, as EfficientViM's)."""
+    from auditor._fix import _verify as verification
+    from auditor._step import Step
+
+    class Scaled(nn.Module):
+        def __init__(self, inner, by):
+            super().__init__()
+            self.inner, self.by = inner, by
+
+        def forward(self, x):
+            return self.inner(x) * self.by
+
+    torch.manual_seed(0)
+    model = Scaled(nn.Conv2d(3, 4, 1).double(), 1.0).to(memory_format=CL)
+    x = torch.randn(2, 3, 4, 4, dtype=torch.float64).to(memory_format=CL)
+    step = Step(model, (x,), {}, backward=True)
+    nudged_only = verification.rounding_sensitivity(step)
+    contiguous = verification.contiguous_step
+
+    def moved(step, model):
+        model.by = 1 + 1e-9
+        return contiguous(step, model)
+    monkeypatch.setattr(verification, "contiguous_step", moved)
+    floor = verification.rounding_sensitivity(step)
+    assert nudged_only < 1e-12 and floor == pytest.approx(verification.ROUNDING_FACTOR * 1e-9, rel=1e-3)
+    assert model.by == 1.0 and model.inner.weight.is_contiguous(memory_format=CL)  # the model is left as it was
+
+
 SHUFFLED = '''\
 import torch
 from torch import nn

@@ -145,9 +145,12 @@ def compare_values(before: dict[str, torch.Tensor], after: dict[str, torch.Tenso
 def rounding_sensitivity(step: Step, seed: int = 0, base: dict[str, torch.Tensor] | None = None) -> float:
     """How far rounding alone moves ``step``'s values: the largest relative change of its
     outputs and gradients (as :func:`compare_values` measures) when its floating inputs are
-    scaled by 1 + 4 units in the last place of their dtype, times :data:`ROUNDING_FACTOR`, at
-    most :data:`ROUNDING_CAP`. Batch norms over a handful of values amplify a change of the
-    last place by up to a billionfold; a fix that reorders a sum is such a change."""
+    scaled by 1 + 4 units in the last place of their dtype, or when the same step runs
+    all-contiguous (:func:`contiguous_step`: the same sums, in the other kernels' orders, at
+    every layer), times :data:`ROUNDING_FACTOR`, at most :data:`ROUNDING_CAP`. Batch norms over
+    a handful of values amplify a change of the last place by up to a billionfold; a fix that
+    reorders a sum is such a change, and a fix that keeps the format reorders sums at every
+    layer after it, as the contiguous run does."""
     def nudged(t):
         if not isinstance(t, torch.Tensor) or not t.is_floating_point():
             return t
@@ -159,6 +162,12 @@ def rounding_sensitivity(step: Step, seed: int = 0, base: dict[str, torch.Tensor
     moved = step_values(step.replace(model=copy_model(model), inputs=tuple(nudged(t) for t in step.inputs),
                                      kwargs={k: nudged(v) for k, v in step.kwargs.items()}), seed)
     change = compare_values(base, moved).max_rel_diff
+    try:
+        plain = step_values(contiguous_step(step, copy_model(model)), seed)
+    except Exception:  # a step that cannot run contiguous: the nudge alone
+        plain = None
+    if plain is not None:
+        change = max(change, compare_values(base, plain).max_rel_diff)
     return min(ROUNDING_FACTOR * change, ROUNDING_CAP) if math.isfinite(change) else ROUNDING_CAP
 
 
