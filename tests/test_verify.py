@@ -25,6 +25,10 @@ from auditor._fix._generators import _reductions, _shuffle
 CL = torch.channels_last
 #: rounds enough for the correctness columns and a decision on a planted model, cheap to run
 QUICK = {"rounds": 7, "max_rounds": 7, "budget_s": 5.0}
+#: too few rounds for a timing verdict (MIN_ROUNDS): tests of values and of applying fixes,
+#: where whether a planted fix is faster on this machine and torch is not the subject (a fix
+#: timed slower twice is no longer automatic, as its own test shows)
+UNTIMED = {"rounds": 3, "max_rounds": 3, "budget_s": 1.0}
 
 
 def _state(model):
@@ -42,7 +46,9 @@ def test_a_verified_fix_removes_its_cause_keeps_the_values_and_is_timed():
     row = v.iloc[0]
     assert row["applied"] and row["hotspots_before"] == len(a.hotspots()) and row["hotspots_after"] == 0
     assert row["same_outputs"] and row["max_rel_diff"] <= _verify.TOLERANCE[torch.float64]
-    assert row["rounds"] == 7 and row["step_us_before"] > 0 and row["step_us_after"] > 0
+    # 7 rounds; where they said slower, timed again with more (its reason says so)
+    assert (row["rounds"] == 7 or (row["rounds"] >= 14 and row["reason"].startswith("timed "))) \
+        and row["step_us_before"] > 0 and row["step_us_after"] > 0
     assert row["saving_low_us"] <= row["saving_us"] <= row["saving_high_us"]
     assert row["ratio_low"] <= row["ratio"] <= row["ratio_high"]
     assert row["verdict"] in ("helps", "within noise", "hurts")
@@ -67,7 +73,7 @@ def test_a_cause_a_fix_exposes_gets_its_row_and_its_fix_is_made_with_the_others(
     a = auditor.audit(model, x)
     f = auditor.suggest_fixes(a)
     assert list(a.causes()["pattern"]) == ["stack_reduce"]
-    f = f.verify(model, x, **QUICK)
+    f = f.verify(model, x, **UNTIMED)
     v = f.verification
     exposed = v[v["kind"] == "exposed"]
     assert list(exposed["pattern"]) == ["explicit_copy"] and exposed["applied"].all()
@@ -106,7 +112,7 @@ def test_apply_makes_the_fixes_of_the_causes_its_fixes_expose_round_by_round():
     # without inputs, the rounds the last verify of the same fixes found are made
     assert list(f.apply(model)["round"]) == [1]  # none verified yet: nothing to go on
     f.undo()
-    f = f.verify(model, x, **QUICK)
+    f = f.verify(model, x, **UNTIMED)
     try:
         assert list(f.apply(model)["round"]) == [1, 2]
         assert auditor.audit(model, x).hotspots().empty
@@ -129,7 +135,7 @@ def test_apply_without_inputs_makes_the_exposed_fixes_verify_found_beside_a_fix_
     model, x = WithGap().to(memory_format=CL), torch.randn(2, 3, 8, 8).to(memory_format=CL)
     f = auditor.suggest_fixes(auditor.audit(model, x))
     assert set(f.frame["pattern"]) == {"stack_reduce", "channel_slice"} and not f.frame["automatic"].all()
-    f = f.verify(model, x, **QUICK)
+    f = f.verify(model, x, **UNTIMED)
     try:
         done = f.apply(model)
         assert list(done.loc[done["round"] == 2, "pattern"]) == ["explicit_copy"]
@@ -151,7 +157,7 @@ def test_slices_on_two_statements_that_partition_the_channels_become_one_split()
         "        left = a_0  # planted: a slice of the channels\n"
         "        right = a_1  # planted: the other slice, on the next statement"}
     assert f.patch().count("a.split(") == 1  # the two causes' edits are one
-    f = f.verify(model, x, **QUICK)
+    f = f.verify(model, x, **UNTIMED)
     v = f.verification
     assert (v["applied"] & v["same_outputs"]).all() and (v["hotspots_after"] == 0).all()
 
@@ -185,7 +191,7 @@ def test_a_fix_that_changes_the_values_is_caught(monkeypatch):
     model, x = make_cause("se_mean")
     f = auditor.suggest_fixes(auditor.audit(model, x))
     assert "sum((2, 3)" in f.frame["suggestion"].iloc[0]
-    row = f.verify(model, x, **QUICK).verification.iloc[0]
+    row = f.verify(model, x, **UNTIMED).verification.iloc[0]
     assert row["applied"] and not row["same_outputs"] and row["verdict"] == "changes outputs"
     assert row["max_rel_diff"] > 1
 
@@ -197,7 +203,7 @@ def test_a_fix_left_by_hand_is_reported_not_applied(monkeypatch):
     monkeypatch.setattr(_norm_view, "_channels_innermost", lambda shape, strides: False)
     model, x = make_cause("token_group_norm")
     f = auditor.suggest_fixes(auditor.audit(model, x))
-    row = f.verify(model, x, **QUICK).verification.iloc[0]
+    row = f.verify(model, x, **UNTIMED).verification.iloc[0]
     assert not row["applied"] and row["verdict"] == "not applied" and "by hand" in row["reason"]
     assert math.isnan(row["step_us_before"])
 
@@ -309,7 +315,7 @@ def test_the_patch_of_a_user_file_applies_with_git_and_the_re_audit_is_clean(tmp
     model, x = usernet.Net().to(memory_format=CL), torch.randn(2, 3, 8, 8).to(memory_format=CL)
     f = auditor.suggest_fixes(auditor.audit(model, x))
     assert set(f.frame["pattern"]) == {"mean_backward", "explicit_copy"} and f.frame["automatic"].all()
-    f = f.verify(model, x, **QUICK)
+    f = f.verify(model, x, **UNTIMED)
     v = f.verification
     assert v["applied"].all() and v["same_outputs"].all() and (v["hotspots_after"] == 0).all()
     patch = tmp_path / "fixes.patch"
@@ -345,7 +351,7 @@ def test_a_notebook_cells_fix_is_applied_and_verified(monkeypatch):
     model, x = scope["Net"]().to(memory_format=CL), torch.randn(2, 3, 8, 8).to(memory_format=CL)
     f = auditor.suggest_fixes(auditor.audit(model, x))
     assert set(f.frame["source"]) == {"Cell In[7], line 9", "Cell In[7], line 10"} and f.frame["automatic"].all()
-    f = f.verify(model, x, **QUICK)
+    f = f.verify(model, x, **UNTIMED)
     v = f.verification
     assert v["applied"].all() and v["same_outputs"].all() and (v["hotspots_after"] == 0).all()
     assert "# Cell In[7] is no file on disk (a notebook cell, say): the fix is applied and verified in memory" \
@@ -430,7 +436,7 @@ def test_a_model_that_caches_a_non_leaf_tensor_is_verified_and_planned():
     with pytest.raises(RuntimeError, match="graph leaves"):
         __import__("copy").deepcopy(model)
     f = auditor.suggest_fixes(auditor.audit(model, x, record_time=False))
-    f = f.verify(model, x, **QUICK)
+    f = f.verify(model, x, **UNTIMED)
     v = f.verification
     assert v.iloc[0]["applied"] and v.iloc[0]["hotspots_after"] == 0 and v.iloc[0]["same_outputs"]
     assert model.cache[0].grad_fn is not None  # the model's own cache is left as it was
@@ -466,7 +472,7 @@ def test_a_cause_inside_a_torch_module_with_a_format_keeping_version_is_a_swap_w
     norms = f.frame[f.frame["module"].str.endswith(".1")]
     assert len(norms) and set(norms["action"]) == {"swap module"} and norms["automatic"].all()
     assert not ({"joins", "explicit_copy"} & set(f.frame["pattern"])) or "auditor.keep_format(" in " ".join(norms["suggestion"])
-    f = f.verify(model, x, **QUICK)
+    f = f.verify(model, x, **UNTIMED)
     v = f.verification
     together = v[v["kind"] == "all"].iloc[0]
     assert together["applied"] and together["same_outputs"], together["reason"]  # one module, two causes: swapped once
@@ -514,7 +520,7 @@ def test_a_model_that_cannot_run_in_float64_is_verified_in_its_own_dtype():
     with pytest.raises(RuntimeError):
         _verify.step_values(_verify.in_float64(_suggest.Step(model, (x,), {})))
     f = auditor.suggest_fixes(auditor.audit(model, x, record_time=False))
-    f = f.verify(model, x, **QUICK)
+    f = f.verify(model, x, **UNTIMED)
     v = f.verification
     row = v.iloc[0]
     assert row["applied"] and row["same_outputs"] and row["hotspots_after"] == 0
@@ -624,7 +630,7 @@ def test_a_wrong_fix_is_dropped_with_its_reason_and_verify_does_not_raise(tmp_pa
     model, x = module.Shuffled().to(memory_format=CL), torch.randn(2, 3, 6, 6).to(memory_format=CL)
     f = auditor.suggest_fixes(auditor.audit(model, x))
     assert list(f.frame["pattern"]) == ["channel_shuffle"] and f.frame["automatic"].all()
-    f = f.verify(model, x, **QUICK)
+    f = f.verify(model, x, **UNTIMED)
     v = f.verification
     row = v.iloc[0]
     assert row["kind"] == "fix" and row["reason"].startswith(why), row["reason"]
