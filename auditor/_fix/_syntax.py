@@ -294,9 +294,8 @@ def weight_in_format(weight: str, facts: Facts) -> str:
     """An expression that is true where ``weight`` (a convolution's, as code) is laid out in
     the format (:func:`format_of_weight`); false where an :func:`optional_weight` is None."""
     w = facts.new_name("_w")
-    if _is_optional(weight):
-        return f"(({w} := {weight}) is not None and {w}.stride(1) == 1 and ({w}.shape[1] == 1 or {w}.stride(-1) > 1))"
-    return f"(({w} := {weight}).stride(1) == 1 and ({w}.shape[1] == 1 or {w}.stride(-1) > 1))"
+    held = f"({w} := {weight}) is not None and {w}" if _is_optional(weight) else f"({w} := {weight})"
+    return f"({held}.stride(1) == 1 and ({w}.shape[1] == 1 or {w}.stride(-1) > 1))"
 
 
 def optional_weight(module: str) -> str:

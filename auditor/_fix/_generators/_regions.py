@@ -130,12 +130,11 @@ def _map_origins(c: CauseView, e: int) -> list[int]:
     view, tracer = c.view, c.tracer
     own = str(view.module[e])
     prefix = "" if own in ("", "<root>") else own + "."
-    ndim = view.tensors["ndim"].to_numpy()
     origins, seen, todo = [], {e}, [e]
     while todo and len(seen) < _MAP_WALK:
         x = todo.pop()
         out = tracer.output_row(x)
-        if out >= 0 and not tracer.image[out] and int(ndim[out]) == c.rank:
+        if out >= 0 and not tracer.image[out] and int(tracer.ndim[out]) == c.rank:
             origins.append(x)
             continue
         for r in view.act_rows.get(x, []):
