@@ -230,3 +230,24 @@ def test_a_timed_audit_measures_at_one_thread_and_gives_the_callers_count_back()
         assert auditor.audit(Probe(), x, record_time=False).threads is None and seen == [2]
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_causes_estimate_counts_the_format_copies_inside_its_symptoms():
+    """A softmax over the channels between two convolutions (the README's quick start): both
+    convolutions permute the softmax's contiguous map inside their kernels (``Audit.hidden``),
+    and the estimate holds at least those copies. It once read 0 s, because the pipeline
+    handed the hidden copies to the cause table as its facts."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.Softmax(dim=1),
+                              nn.Conv2d(32, 32, 3, padding=1)).to(memory_format=CL)
+        a = auditor.audit(model, torch.randn(4, 3, 32, 32).to(memory_format=CL))
+    finally:
+        torch.set_num_threads(before)
+    ops, hidden, causes = a.ops(), a.hidden, a.causes()
+    assert len(causes) == 1
+    symptoms = ops["hotspot"].to_numpy() & ops["is_conv"].to_numpy().astype(bool)
+    removed = hidden[costs.removable_copies(hidden, ops) & symptoms[hidden["seq"].to_numpy()]]
+    assert len(removed) >= 2, hidden
+    assert causes.at[0, "saving_us"] >= removed["time_us"].sum() > 0

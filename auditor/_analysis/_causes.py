@@ -518,7 +518,7 @@ class CauseTracer:
 
 
 
-def cause_table(tracer: CauseTracer | FlowView, facts: pd.DataFrame | None = None,
+def cause_table(tracer: CauseTracer | FlowView, *, facts: pd.DataFrame | None = None,
                 coverage: pd.DataFrame | None = None, hidden: pd.DataFrame | None = None
                 ) -> tuple[pd.DataFrame, np.ndarray]:
     """(one row per cause, costliest first; the cause id of every event, 0 where none), traced

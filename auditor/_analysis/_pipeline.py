@@ -76,7 +76,7 @@ class Analysis:
             cov = coverage(ops, self.tensors)
         with stage("causes"):
             tracer = CauseTracer(FlowView(ops, flow), facts, cov)
-            causes, event_cause = cause_table(tracer, self.hidden)
+            causes, event_cause = cause_table(tracer, hidden=self.hidden)
             causes = within_step(after_warmup(causes, self.warmup), ops)
         # a recording-mode artifact that nothing explains is no hotspot of the plain run
         self._ops = ops.assign(cause=event_cause, hotspot=ops["hotspot"].to_numpy() & (event_cause > 0))
