@@ -203,7 +203,7 @@ class PositionsConv(nn.Module):
     a ``Conv2d`` over its (N, C, 1, L) view, which is channels_last, so the output keeps its
     channels innermost and the input's gradient is channels_last; ``conv1d`` writes both
     contiguous. Any other input goes to the Conv1d itself, so a model run contiguous is as
-    before. The Conv1d's ``weight`` and ``bias`` Parameters."""
+    before. It computes with the Conv1d's own ``weight`` and ``bias`` Parameters."""
 
     def __init__(self, conv: nn.Conv1d):
         super().__init__()
